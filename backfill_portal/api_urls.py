@@ -1,0 +1,15 @@
+from rest_framework.routers import DefaultRouter
+
+from backfill_portal.backfills.api.views import RequestViewSet
+from backfill_portal.catalog.api.views import DatasetViewSet, JobViewSet
+from backfill_portal.core.api_views import AuditEventViewSet
+from backfill_portal.execution.api.views import RunViewSet
+
+router = DefaultRouter()
+router.register("datasets", DatasetViewSet, basename="dataset")
+router.register("jobs", JobViewSet, basename="job")
+router.register("requests", RequestViewSet, basename="request")
+router.register("runs", RunViewSet, basename="run")
+router.register("audit", AuditEventViewSet, basename="audit")
+
+urlpatterns = router.urls

@@ -1,0 +1,101 @@
+from rest_framework import serializers
+
+from backfill_portal.backfills.choices import Cascade, Strategy
+from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
+
+INTERVALS_INLINE = 1000
+
+
+class RequestCreateSerializer(serializers.Serializer):
+    """Shape and type checks only; the service checks meaning (job exists, range, limit)."""
+
+    job = serializers.CharField(max_length=128)
+    start = serializers.CharField(max_length=64, help_text="first partition, inclusive, in the dataset's timezone "
+                                  "(YYYY-MM-DD daily, YYYY-MM monthly, ISO datetime with offset hourly)")
+    end = serializers.CharField(max_length=64, help_text="last partition, inclusive")
+    reason = serializers.CharField(allow_blank=True, max_length=4000)
+    cascade = serializers.ChoiceField(choices=Cascade.choices, default=Cascade.NONE)
+    strategy = serializers.ChoiceField(choices=Strategy.choices, default=Strategy.FORWARD)
+    max_active_intervals = serializers.IntegerField(default=4, min_value=1, max_value=64)
+    side_effects = serializers.ListField(child=serializers.CharField(max_length=128), default=list)
+    verify_twice = serializers.BooleanField(default=False)
+    idempotency_key = serializers.CharField(max_length=128, required=False, allow_null=True, default=None)
+
+
+class SubmitSerializer(serializers.Serializer):
+    confirm_overlap = serializers.BooleanField(default=False)
+
+
+class CommentSerializer(serializers.Serializer):
+    comment = serializers.CharField(allow_blank=True, default="", max_length=4000)
+
+
+class ReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(allow_blank=True, default="", max_length=4000)
+
+
+class IntervalSerializer(serializers.ModelSerializer):
+    job = serializers.CharField(source="job.name")
+
+    class Meta:
+        model = Interval
+        fields = ["position", "job", "partition_key", "start", "end", "status", "note"]
+
+
+class ApprovalStepSerializer(serializers.ModelSerializer):
+    dataset = serializers.CharField(source="dataset.name", allow_null=True)
+    job = serializers.CharField(source="job.name", allow_null=True)
+    approver = serializers.CharField(source="approver.username", allow_null=True)
+    decided_by = serializers.CharField(source="decided_by.username", allow_null=True)
+
+    class Meta:
+        model = ApprovalStep
+        fields = ["id", "request", "kind", "dataset", "job", "approver", "status", "decided_by", "decided_at", "comment"]
+
+
+class RequestSerializer(serializers.ModelSerializer):
+    job = serializers.CharField(source="job.name")
+    dataset = serializers.CharField(source="job.dataset.name")
+    timezone = serializers.CharField(source="job.dataset.timezone")
+    grain = serializers.CharField(source="job.dataset.grain")
+    requested_by = serializers.CharField(source="requested_by.username")
+    code_version = serializers.CharField(source="code_version.hash", allow_null=True)
+    side_effects = serializers.SlugRelatedField(many=True, read_only=True, slug_field="name")
+
+    class Meta:
+        model = BackfillRequest
+        fields = ["id", "status", "job", "dataset", "timezone", "grain", "requested_by", "requested_at", "reason",
+                  "first_partition", "last_partition", "range_start", "range_end", "interval_count", "cascade",
+                  "strategy", "max_active_intervals", "verify_twice", "side_effects", "paused", "code_version",
+                  "submitted_at", "decided_at", "finished_at", "overlaps", "idempotency_key"]
+
+
+class RequestDetailSerializer(RequestSerializer):
+    intervals = serializers.SerializerMethodField()
+    intervals_truncated = serializers.SerializerMethodField()
+    approval_steps = ApprovalStepSerializer(many=True, read_only=True)
+    progress = serializers.SerializerMethodField()
+
+    class Meta(RequestSerializer.Meta):
+        fields = RequestSerializer.Meta.fields + ["progress", "approval_steps", "intervals", "intervals_truncated"]
+
+    def _limit(self) -> int | None:
+        return self.context.get("intervals_limit", INTERVALS_INLINE)
+
+    def get_intervals(self, obj) -> list[dict]:
+        from backfill_portal.backfills.selectors import request_intervals
+
+        qs = request_intervals(obj)
+        limit = self._limit()
+        if limit is not None:
+            qs = qs[:limit]
+        return IntervalSerializer(qs, many=True).data
+
+    def get_intervals_truncated(self, obj) -> bool:
+        limit = self._limit()
+        return limit is not None and obj.interval_count > limit
+
+    def get_progress(self, obj) -> dict:
+        from backfill_portal.backfills.selectors import request_progress
+
+        return request_progress(obj)

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BackfillsConfig(AppConfig):
+    name = "backfill_portal.backfills"
+    label = "backfills"

@@ -1,0 +1,310 @@
+"""Backfill request lifecycle: create a draft, submit (freeze), approve, reject, cancel."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus, Strategy
+from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
+from backfill_portal.backfills.planning import plan_intervals
+from backfill_portal.backfills.transitions import (
+    REQUEST_ACTIVE,
+    intervals_bulk_transition,
+    request_transition,
+    step_transition,
+)
+from backfill_portal.catalog.choices import JobKind
+from backfill_portal.catalog.models import Job
+from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
+from backfill_portal.core.roles import Role, deny, has_role, require_role
+from backfill_portal.core.services.audit import audit_record
+
+MAX_ACTIVE_INTERVALS_LIMIT = 64
+
+
+def _payload_hash(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def request_get(request_id) -> BackfillRequest:
+    try:
+        return BackfillRequest.objects.select_related("job__dataset__owner", "requested_by").get(pk=int(request_id))
+    except (BackfillRequest.DoesNotExist, ValueError, TypeError):
+        raise NotFound(f"backfill request {request_id} does not exist") from None
+
+
+def backfill_request_create(
+    *,
+    actor,
+    job: str,
+    start,
+    end,
+    reason: str,
+    cascade: str = Cascade.NONE,
+    strategy: str = Strategy.FORWARD,
+    max_active_intervals: int = 4,
+    side_effects: list[str] | tuple[str, ...] = (),
+    verify_twice: bool = False,
+    idempotency_key: str | None = None,
+) -> tuple[BackfillRequest, bool]:
+    """Create a draft with its planned intervals. Returns (request, created).
+
+    1. Check the role and every field; collect field errors, write nothing on any.
+    2. The same idempotency key from the same user returns the same request
+       (a different payload under a reused key is a conflict).
+    3. Plan the intervals in the dataset's timezone and persist request + intervals
+       + audit row in one transaction.
+    """
+    require_role(actor, Role.REQUESTER, Role.OWNER, Role.ONCALL, Role.ADMIN, action="request.create")
+    errors: dict[str, list[str]] = {}
+    job_obj = Job.objects.select_related("dataset", "current_code_version").filter(name=job).first()
+    if job_obj is None:
+        errors.setdefault("job", []).append(f"job {job!r} does not exist")
+    elif job_obj.dataset.is_source:
+        errors.setdefault("job", []).append(f"{job} reads a source; sources are not backfilled")
+    reason = (reason or "").strip()
+    if not reason:
+        errors.setdefault("reason", []).append("say why this backfill is needed; auditors will read it")
+    if cascade not in Cascade.values:
+        errors.setdefault("cascade", []).append(f"{cascade!r} is not one of {', '.join(Cascade.values)}")
+    if strategy not in Strategy.values:
+        errors.setdefault("strategy", []).append(f"{strategy!r} is not one of {', '.join(Strategy.values)}")
+    if not isinstance(max_active_intervals, int) or not 1 <= max_active_intervals <= MAX_ACTIVE_INTERVALS_LIMIT:
+        errors.setdefault("max_active_intervals", []).append(f"must be a whole number from 1 to {MAX_ACTIVE_INTERVALS_LIMIT}")
+    effect_jobs = list(Job.objects.filter(name__in=list(side_effects or [])))
+    known = {j.name: j for j in effect_jobs}
+    for name in side_effects or []:
+        if name not in known:
+            errors.setdefault("side_effects", []).append(f"job {name!r} does not exist")
+        elif known[name].kind != JobKind.SIDE_EFFECT:
+            errors.setdefault("side_effects", []).append(f"{name} is not a side-effect node; only those need authorising")
+    if idempotency_key is not None and not (1 <= len(str(idempotency_key)) <= 128):
+        errors.setdefault("idempotency_key", []).append("must be 1 to 128 characters")
+
+    payload = {
+        "job": job, "start": str(start), "end": str(end), "reason": reason, "cascade": cascade,
+        "strategy": strategy, "max_active_intervals": max_active_intervals,
+        "side_effects": sorted(side_effects or []), "verify_twice": bool(verify_twice),
+    }
+    digest = _payload_hash(payload)
+    if idempotency_key and not errors:
+        existing = BackfillRequest.objects.filter(requested_by=actor, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _same_or_conflict(existing, digest), False
+
+    planned = []
+    if job_obj is not None and not errors.get("job"):
+        try:
+            planned = plan_intervals(
+                grain=job_obj.dataset.grain, timezone=job_obj.dataset.timezone,
+                first=start, last=end, limit=settings.BACKFILL_MAX_INTERVALS,
+            )
+        except ValidationError as exc:
+            for key, messages in exc.fields.items():
+                errors.setdefault(key, []).extend(messages)
+            if not exc.fields:
+                errors.setdefault("start", []).append(exc.message)
+    if errors:
+        first_field, messages = next(iter(errors.items()))
+        raise ValidationError(f"{first_field}: {messages[0]}", fields=errors)
+
+    try:
+        with transaction.atomic():
+            request = BackfillRequest.objects.create(
+                job=job_obj, requested_by=actor, requested_at=timezone.now(), reason=reason,
+                first_partition=planned[0].partition_key, last_partition=planned[-1].partition_key,
+                range_start=planned[0].start, range_end=planned[-1].end, interval_count=len(planned),
+                cascade=cascade, strategy=strategy, max_active_intervals=max_active_intervals,
+                verify_twice=bool(verify_twice), idempotency_key=idempotency_key or None, payload_hash=digest,
+            )
+            if effect_jobs:
+                request.side_effects.set(effect_jobs)
+            Interval.objects.bulk_create(
+                [
+                    Interval(request=request, job=job_obj, position=i, partition_key=p.partition_key,
+                             start=p.start, end=p.end, note=getattr(p, "note", "") or "")
+                    for i, p in enumerate(planned)
+                ],
+                batch_size=2000,
+            )
+            audit_record(
+                actor=actor, action="request.create", object_type="request", object_id=request.pk,
+                request_id=request.pk, dataset=job_obj.dataset.name, to_state=RequestStatus.DRAFT, reason=reason,
+                data={**payload, "intervals": len(planned), "first": request.first_partition, "last": request.last_partition},
+            )
+    except IntegrityError:
+        # Two concurrent creates with one key: the loser returns the winner's request.
+        existing = BackfillRequest.objects.filter(requested_by=actor, idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _same_or_conflict(existing, digest), False
+    return request, True
+
+
+def _same_or_conflict(existing: BackfillRequest, digest: str) -> BackfillRequest:
+    if existing.payload_hash != digest:
+        raise ConflictError(
+            f"idempotency key already used for request #{existing.pk} with different parameters",
+            field="idempotency_key",
+        )
+    return existing
+
+
+def request_overlaps(request: BackfillRequest) -> list[int]:
+    """Active requests on the same job whose span overlaps this one (plans are contiguous)."""
+    return list(
+        BackfillRequest.objects.filter(
+            job_id=request.job_id, status__in=REQUEST_ACTIVE,
+            range_start__lt=request.range_end, range_end__gt=request.range_start,
+        ).exclude(pk=request.pk).order_by("pk").values_list("pk", flat=True)
+    )
+
+
+def _approval_steps(request: BackfillRequest) -> list[ApprovalStep]:
+    """One step for the target owner, one per authorised side-effect node, and an admin
+    step when the request is larger than the configured size."""
+    dataset = request.job.dataset
+    steps = [ApprovalStep(request=request, kind=StepKind.OWNER, dataset=dataset, job=request.job,
+                          approver=_approver_for(dataset.owner, request))]
+    for effect in request.side_effects.select_related("dataset__owner"):
+        steps.append(ApprovalStep(request=request, kind=StepKind.SIDE_EFFECT, dataset=effect.dataset, job=effect,
+                                  approver=_approver_for(effect.dataset.owner, request)))
+    if request.interval_count > settings.BACKFILL_ADMIN_APPROVAL_OVER:
+        steps.append(ApprovalStep(request=request, kind=StepKind.ADMIN, approver=None))
+    return steps
+
+
+def _approver_for(owner, request: BackfillRequest):
+    # Separation of duties: an owner filing a request on their own dataset cannot
+    # approve it; the step goes to the admins (approver empty) instead.
+    return None if owner.pk == request.requested_by_id else owner
+
+
+def backfill_request_submit(*, actor, request_id, confirm_overlap: bool = False) -> BackfillRequest:
+    """Freeze and submit a draft.
+
+    1. Only the requester (or an admin) submits.
+    2. Overlap with an active request on the same job and intervals is refused
+       unless the requester confirms it; the overlap is recorded either way.
+    3. In one transaction: freeze the code version on the request and every interval,
+       generate the approval steps, move draft -> pending_approval with its audit row.
+    """
+    request = request_get(request_id)
+    if request.requested_by_id != actor.pk and not has_role(actor, Role.ADMIN):
+        raise deny(actor=actor, action="request.submit", reason="only the requester can submit a request",
+                   object_type="request", object_id=request.pk, request_id=request.pk)
+    if request.status != RequestStatus.DRAFT:
+        raise ConflictError(f"request #{request.pk} is {request.status}; only a draft can be submitted", field="status")
+    code_version = request.job.current_code_version
+    if code_version is None:
+        raise ConflictError(f"job {request.job.name} has no code version; sync the catalog first", field="job")
+    overlaps = request_overlaps(request)
+    if overlaps and not confirm_overlap:
+        ids = ", ".join(f"#{pk}" for pk in overlaps)
+        raise ConflictError(
+            f"overlaps active request(s) {ids} on the same job and intervals; confirm to submit anyway",
+            field="confirm_overlap",
+        )
+    with transaction.atomic():
+        Interval.objects.filter(request=request).update(code_version=code_version)
+        ApprovalStep.objects.bulk_create(_approval_steps(request))
+        request_transition(
+            request, to=RequestStatus.PENDING_APPROVAL, actor=actor, action="request.submit",
+            updates={"code_version": code_version, "submitted_at": timezone.now(), "overlaps": overlaps},
+            data={"code_version": code_version.hash, "overlaps": overlaps, "intervals": request.interval_count},
+        )
+    return request
+
+
+def approval_step_decide(*, actor, step: ApprovalStep, approve: bool, comment: str = "") -> ApprovalStep:
+    """Approve or reject one step. The request follows: approved when every step is,
+    rejected on the first rejection (its other steps are cancelled)."""
+    request = step.request
+    action = "approval.approve" if approve else "approval.reject"
+    if actor.pk == request.requested_by_id:
+        raise deny(actor=actor, action=action, reason="nobody approves a step of their own request",
+                   object_type="approval_step", object_id=step.pk, request_id=request.pk)
+    if step.approver_id is None:
+        if not has_role(actor, Role.ADMIN):
+            raise deny(actor=actor, action=action, reason="this step is decided by an admin",
+                       object_type="approval_step", object_id=step.pk, request_id=request.pk)
+    elif step.approver_id != actor.pk:
+        raise deny(actor=actor, action=action,
+                   reason=f"this step is for {step.approver.username}, the owner of {step.dataset.name}",
+                   object_type="approval_step", object_id=step.pk, request_id=request.pk,
+                   dataset=step.dataset.name if step.dataset_id else "")
+    if not approve and not (comment or "").strip():
+        raise ValidationError("say why you reject, so the requester can fix it", field="comment")
+    if step.status != StepStatus.PENDING:
+        raise ConflictError(f"step #{step.pk} is already {step.status}", field="status")
+    if request.status != RequestStatus.PENDING_APPROVAL:
+        raise ConflictError(f"request #{request.pk} is {request.status}; it is not waiting for approval", field="status")
+    with transaction.atomic():
+        step_transition(step, to=StepStatus.APPROVED if approve else StepStatus.REJECTED, actor=actor, comment=comment)
+        if not approve:
+            for other in ApprovalStep.objects.filter(request=request, status=StepStatus.PENDING):
+                other.request = request
+                step_transition(other, to=StepStatus.CANCELLED, actor=actor, comment="request rejected")
+            request_transition(request, to=RequestStatus.REJECTED, actor=actor, reason=comment,
+                               updates={"decided_at": timezone.now()}, action="request.reject")
+        elif not ApprovalStep.objects.filter(request=request).exclude(status=StepStatus.APPROVED).exists():
+            request_transition(request, to=RequestStatus.APPROVED, actor=actor, reason=comment,
+                               updates={"decided_at": timezone.now()}, action="request.approve")
+            transaction.on_commit(lambda: _on_approved(request.pk))
+    return step
+
+
+def _on_approved(request_id: int) -> None:
+    from backfill_portal.backfills.hooks import request_approved
+
+    request_approved(request_id)
+
+
+def backfill_request_decide(*, actor, request_id, approve: bool, comment: str = "") -> BackfillRequest:
+    """Request-level approve/reject: decides the pending steps this actor may decide."""
+    request = request_get(request_id)
+    steps = [s for s in request.approval_steps.select_related("dataset", "approver").filter(status=StepStatus.PENDING)]
+    mine = [s for s in steps if s.approver_id == actor.pk or (s.approver_id is None and has_role(actor, Role.ADMIN))]
+    if not mine:
+        if request.status != RequestStatus.PENDING_APPROVAL:
+            raise ConflictError(f"request #{request.pk} is {request.status}; it is not waiting for approval", field="status")
+        if actor.pk == request.requested_by_id:
+            reason = "nobody approves a step of their own request"
+        else:
+            reason = "no approval step of this request is yours to decide"
+        raise deny(actor=actor, action="approval.approve" if approve else "approval.reject", reason=reason,
+                   object_type="request", object_id=request.pk, request_id=request.pk)
+    for step in mine:
+        step.request = request
+        approval_step_decide(actor=actor, step=step, approve=approve, comment=comment)
+        request.refresh_from_db()
+        if request.status != RequestStatus.PENDING_APPROVAL:
+            break
+    return request
+
+
+def backfill_request_cancel(*, actor, request_id, reason: str = "") -> BackfillRequest:
+    """Cancel: the requester, on-call or an admin. Open intervals are cancelled with it."""
+    request = request_get(request_id)
+    if request.requested_by_id != actor.pk and not has_role(actor, Role.ONCALL, Role.ADMIN):
+        raise deny(actor=actor, action="request.cancel", reason="only the requester, on-call or an admin can cancel",
+                   object_type="request", object_id=request.pk, request_id=request.pk)
+    with transaction.atomic():
+        request_transition(request, to=RequestStatus.CANCELLED, actor=actor, reason=reason, action="request.cancel")
+        for step in ApprovalStep.objects.filter(request=request, status=StepStatus.PENDING):
+            step.request = request
+            step_transition(step, to=StepStatus.CANCELLED, actor=actor, comment="request cancelled")
+        intervals_bulk_transition(request, frm=IntervalStatus.PLANNED, to=IntervalStatus.CANCELLED, actor=actor,
+                                  reason="request cancelled")
+        transaction.on_commit(lambda: _on_cancelled(request.pk))
+    return request
+
+
+def _on_cancelled(request_id: int) -> None:
+    from backfill_portal.backfills.hooks import request_cancelled
+
+    request_cancelled(request_id)

@@ -1,0 +1,395 @@
+"""Sync the catalog file (YAML, declared as code) into the database.
+
+1. Parse and validate the whole document first; every problem is collected with
+   its path (`jobs[2].reads`), and nothing is written when there is any.
+2. Check the lineage graph for cycles and SQL templates with the parser.
+3. In one transaction: upsert teams, pools, datasets, jobs and lineage; a job whose
+   definition hash changed gets a new code version (old ones are kept). Each created
+   or changed object gets an audit row.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from backfill_portal.catalog.choices import COLUMN_TYPES, Grain, JobKind
+from backfill_portal.catalog.models import CodeVersion, Dataset, Job, Pool, Team
+from backfill_portal.catalog.sqlcheck import TemplateError, check_template
+from backfill_portal.core.errors import ValidationError
+from backfill_portal.core.services.audit import audit_record
+
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+TEAM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+class CatalogError(ValidationError):
+    """The catalog file is invalid; `.fields` maps each path to its problems."""
+
+
+@dataclass
+class SyncReport:
+    created: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"created {name}" for name in self.created]
+        out += [f"changed {name}" for name in self.changed]
+        out.append(f"{len(self.created)} created, {len(self.changed)} changed, {len(self.unchanged)} unchanged")
+        return out
+
+
+def definition_hash(definition: dict) -> str:
+    canonical = json.dumps(definition, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class _Validator:
+    def __init__(self, doc):
+        self.doc = doc
+        self.errors: dict[str, list[str]] = {}
+
+    def err(self, path: str, message: str) -> None:
+        self.errors.setdefault(path, []).append(message)
+
+    def items(self, key: str) -> list[dict]:
+        value = self.doc.get(key) or []
+        if not isinstance(value, list):
+            self.err(key, "must be a list")
+            return []
+        out = []
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                self.err(f"{key}[{i}]", "must be a mapping")
+            else:
+                out.append(item)
+        return out
+
+
+def catalog_parse(text: str) -> dict:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"the catalog is not valid YAML: {exc}", field="catalog") from None
+    if not isinstance(doc, dict):
+        raise CatalogError("the catalog must be a mapping with teams, pools, datasets and jobs", field="catalog")
+    return doc
+
+
+def catalog_validate(doc: dict) -> dict:
+    """Return a normalised plan, or raise CatalogError naming every problem."""
+    v = _Validator(doc)
+    users = {u.username: u for u in get_user_model().objects.all()}
+
+    teams = {}
+    for i, t in enumerate(v.items("teams")):
+        name = str(t.get("name", ""))
+        if not TEAM_NAME.match(name):
+            v.err(f"teams[{i}].name", f"{name!r} is not a valid team name")
+            continue
+        limit = t.get("max_concurrent_runs", 16)
+        if not isinstance(limit, int) or limit < 1:
+            v.err(f"teams[{i}].max_concurrent_runs", "must be a positive integer")
+        teams[name] = {"max_concurrent_runs": limit}
+
+    pools = {}
+    for i, p in enumerate(v.items("pools")):
+        name = str(p.get("name", ""))
+        if not TEAM_NAME.match(name):
+            v.err(f"pools[{i}].name", f"{name!r} is not a valid pool name")
+            continue
+        slots, reserved = p.get("slots", 8), p.get("reserved_for_production", 0)
+        if not isinstance(slots, int) or slots < 1:
+            v.err(f"pools[{i}].slots", "must be a positive integer")
+        elif not isinstance(reserved, int) or not 0 <= reserved < slots:
+            v.err(f"pools[{i}].reserved_for_production", "must be an integer from 0 to slots - 1")
+        pools[name] = {"slots": slots, "reserved_for_production": reserved}
+
+    datasets = {}
+    for i, d in enumerate(v.items("datasets")):
+        path = f"datasets[{i}]"
+        name = str(d.get("name", ""))
+        if not IDENTIFIER.match(name):
+            v.err(f"{path}.name", f"{name!r} is not a valid dataset name (lower case letters, digits, _)")
+            continue
+        if name in datasets:
+            v.err(f"{path}.name", f"dataset {name} is declared twice")
+        owner = d.get("owner")
+        if not owner:
+            v.err(f"{path}.owner", f"dataset {name} has no owner")
+        elif owner not in users:
+            v.err(f"{path}.owner", f"owner {owner!r} of dataset {name} is not a user")
+        team = d.get("team")
+        if team not in teams:
+            v.err(f"{path}.team", f"team {team!r} of dataset {name} is not declared under teams")
+        tz = d.get("timezone", "UTC")
+        try:
+            ZoneInfo(str(tz))
+        except (ZoneInfoNotFoundError, ValueError):
+            v.err(f"{path}.timezone", f"{tz!r} is not an IANA timezone")
+        grain = d.get("grain", "day")
+        if grain not in Grain.values:
+            v.err(f"{path}.grain", f"{grain!r} is not one of {', '.join(Grain.values)}")
+        columns = d.get("columns") or []
+        col_names = []
+        if not isinstance(columns, list) or not columns:
+            v.err(f"{path}.columns", f"dataset {name} declares no columns")
+            columns = []
+        for j, c in enumerate(columns):
+            if not isinstance(c, dict) or not IDENTIFIER.match(str(c.get("name", ""))):
+                v.err(f"{path}.columns[{j}]", "each column needs a valid name")
+                continue
+            if c.get("type") not in COLUMN_TYPES:
+                v.err(f"{path}.columns[{j}].type", f"{c.get('type')!r} is not one of {', '.join(COLUMN_TYPES)}")
+            col_names.append(c["name"])
+        key = d.get("business_key") or []
+        if not isinstance(key, list) or not key:
+            v.err(f"{path}.business_key", f"dataset {name} needs a business key (unique key columns)")
+            key = []
+        for k in key:
+            if k not in col_names:
+                v.err(f"{path}.business_key", f"key column {k!r} is not a declared column")
+        measure = d.get("core_measure") or ""
+        if measure and measure not in col_names:
+            v.err(f"{path}.core_measure", f"{measure!r} is not a declared column")
+        is_source = bool(d.get("source", False))
+        time_column = d.get("time_column") or ""
+        if is_source and time_column not in col_names:
+            v.err(f"{path}.time_column", f"source {name} needs a time_column among its columns")
+        checks = d.get("checks") or []
+        for j, chk in enumerate(checks if isinstance(checks, list) else []):
+            if not isinstance(chk, dict) or not chk.get("name") or not chk.get("sql"):
+                v.err(f"{path}.checks[{j}]", "a check needs a name and sql")
+        datasets[name] = {
+            "description": str(d.get("description", "")),
+            "owner": owner, "team": team, "timezone": str(tz), "grain": grain,
+            "business_key": list(key), "core_measure": measure,
+            "columns": [{"name": c["name"], "type": c.get("type")} for c in columns if isinstance(c, dict) and "name" in c],
+            "is_source": is_source, "time_column": time_column,
+            "tolerances": dict(d.get("tolerances") or {}),
+            "source_measure_sql": str(d.get("source_measure_sql") or ""),
+            "checks": [
+                {"name": c["name"], "sql": c["sql"], "blocking": bool(c.get("blocking", True))}
+                for c in checks if isinstance(c, dict) and c.get("name") and c.get("sql")
+            ],
+        }
+
+    jobs = {}
+    produced_by: dict[str, str] = {}
+    for i, j in enumerate(v.items("jobs")):
+        path = f"jobs[{i}]"
+        name = str(j.get("name", ""))
+        if not IDENTIFIER.match(name):
+            v.err(f"{path}.name", f"{name!r} is not a valid job name")
+            continue
+        if name in jobs:
+            v.err(f"{path}.name", f"job {name} is declared twice")
+        produces = j.get("produces")
+        if produces not in datasets:
+            v.err(f"{path}.produces", f"job {name} produces {produces!r}, which is not a declared dataset")
+        elif datasets[produces]["is_source"]:
+            v.err(f"{path}.produces", f"{produces} is a source: it is read, never produced")
+        elif produces in produced_by:
+            v.err(f"{path}.produces", f"{produces} is already produced by job {produced_by[produces]}")
+        else:
+            produced_by[produces] = name
+        reads = j.get("reads") or []
+        if not isinstance(reads, list):
+            v.err(f"{path}.reads", "must be a list of dataset names")
+            reads = []
+        for up in reads:
+            if up not in datasets:
+                v.err(f"{path}.reads", f"upstream {up!r} of job {name} is not a declared dataset")
+        kind = j.get("kind", "sql")
+        if kind not in JobKind.values:
+            v.err(f"{path}.kind", f"{kind!r} is not one of {', '.join(JobKind.values)}")
+        definition: dict = {"kind": kind, "reads": sorted(reads), "params": j.get("params") or {}}
+        if kind == JobKind.SQL:
+            sql = j.get("sql")
+            if not sql:
+                v.err(f"{path}.sql", f"sql job {name} has no sql template")
+            else:
+                definition["sql"] = sql
+                try:
+                    check_template(sql, upstreams=set(reads))
+                except TemplateError as exc:
+                    v.err(f"{path}.sql", str(exc))
+        elif kind == JobKind.PYTHON:
+            target = j.get("callable", "")
+            definition["callable"] = target
+            if not _importable(target):
+                v.err(f"{path}.callable", f"{target!r} is not an importable dotted path to a callable")
+        elif kind == JobKind.SIDE_EFFECT:
+            effect = j.get("side_effect")
+            if not isinstance(effect, dict) or not effect.get("channel"):
+                v.err(f"{path}.side_effect", f"side-effect job {name} needs side_effect.channel")
+            definition["side_effect"] = effect or {}
+        definition["depends_on_past"] = bool(j.get("depends_on_past", False))
+        pool = j.get("pool", "default")
+        if pool not in pools:
+            v.err(f"{path}.pool", f"pool {pool!r} is not declared under pools")
+        limits = {}
+        for key_name, default in (("max_concurrent_runs", 4), ("max_attempts", 3), ("heartbeat_timeout_seconds", 60)):
+            value = j.get(key_name, default)
+            if not isinstance(value, int) or value < 1:
+                v.err(f"{path}.{key_name}", "must be a positive integer")
+            limits[key_name] = value
+        jobs[name] = {
+            "description": str(j.get("description", "")),
+            "produces": produces, "reads": list(reads), "kind": kind, "pool": pool,
+            "depends_on_past": bool(j.get("depends_on_past", False)),
+            "has_side_effects": kind == JobKind.SIDE_EFFECT,
+            "scheduled": bool(j.get("scheduled", False)),
+            "definition": definition, **limits,
+        }
+
+    for i, (name, d) in enumerate(datasets.items()):
+        producer = jobs.get(produced_by.get(name, ""))
+        if d["source_measure_sql"] and producer:
+            try:
+                check_template(d["source_measure_sql"], upstreams=set(producer["reads"]))
+            except TemplateError as exc:
+                v.err(f"datasets[{i}].source_measure_sql", str(exc))
+    if not v.errors:
+        cycle = _find_cycle(jobs)
+        if cycle:
+            v.err("jobs", "lineage has a cycle: " + " -> ".join(cycle))
+    if v.errors:
+        first_path, first = next(iter(v.errors.items()))
+        count = sum(len(m) for m in v.errors.values())
+        raise CatalogError(f"the catalog has {count} problem(s); first: {first_path}: {first[0]}", fields=v.errors)
+    return {"teams": teams, "pools": pools, "datasets": datasets, "jobs": jobs}
+
+
+def _importable(target: str) -> bool:
+    module, _, attr = str(target).rpartition(".")
+    if not module:
+        return False
+    try:
+        return callable(getattr(importlib.import_module(module), attr, None))
+    except ImportError:
+        return False
+
+
+def _find_cycle(jobs: dict) -> list[str] | None:
+    """Datasets are nodes; a job is an edge from each upstream to the dataset it produces."""
+    edges: dict[str, list[str]] = {}
+    for job in jobs.values():
+        for up in job["reads"]:
+            edges.setdefault(up, []).append(job["produces"])
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in edges.get(node, ()):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if not state.get(nxt):
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if not state.get(node):
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _upsert(model, lookup: dict, values: dict, label: str, report: SyncReport, actor) -> object:
+    obj = model.objects.filter(**lookup).first()
+    if obj is None:
+        obj = model.objects.create(**lookup, **values)
+        report.created.append(label)
+        audit_record(actor=actor, action="catalog.create", object_type=model.__name__.lower(),
+                     object_id=lookup["name"], data=_jsonable(values))
+        return obj
+    changes = {k: v for k, v in values.items() if _current(obj, k) != _jsonable_value(v)}
+    if changes:
+        before = {k: _current(obj, k) for k in changes}
+        for k, val in changes.items():
+            setattr(obj, k, val)
+        obj.save()
+        report.changed.append(label)
+        audit_record(actor=actor, action="catalog.change", object_type=model.__name__.lower(), object_id=lookup["name"],
+                     data={"before": before, "after": _jsonable(changes)})
+    else:
+        report.unchanged.append(label)
+    return obj
+
+
+def _current(obj, key):
+    value = getattr(obj, key)
+    return value.pk if hasattr(value, "pk") else value
+
+
+def _jsonable_value(value):
+    return value.pk if hasattr(value, "pk") else value
+
+
+def _jsonable(values: dict) -> dict:
+    return {k: _jsonable_value(v) for k, v in values.items()}
+
+
+def catalog_sync(*, text: str, actor=None) -> SyncReport:
+    plan = catalog_validate(catalog_parse(text))
+    report = SyncReport()
+    users = {u.username: u for u in get_user_model().objects.filter(
+        username__in={d["owner"] for d in plan["datasets"].values()})}
+    with transaction.atomic():
+        teams = {name: _upsert(Team, {"name": name}, vals, f"team {name}", report, actor)
+                 for name, vals in plan["teams"].items()}
+        pools = {name: _upsert(Pool, {"name": name}, vals, f"pool {name}", report, actor)
+                 for name, vals in plan["pools"].items()}
+        datasets = {}
+        for name, d in plan["datasets"].items():
+            values = {**{k: v for k, v in d.items() if k not in ("owner", "team")},
+                      "owner": users[d["owner"]], "team": teams[d["team"]]}
+            datasets[name] = _upsert(Dataset, {"name": name}, values, f"dataset {name}", report, actor)
+        for name, j in plan["jobs"].items():
+            values = {
+                "description": j["description"], "dataset": datasets[j["produces"]], "kind": j["kind"],
+                "depends_on_past": j["depends_on_past"], "has_side_effects": j["has_side_effects"],
+                "max_concurrent_runs": j["max_concurrent_runs"], "max_attempts": j["max_attempts"],
+                "heartbeat_timeout_seconds": j["heartbeat_timeout_seconds"], "scheduled": j["scheduled"],
+                "pool": pools[j["pool"]], "definition": j["definition"],
+            }
+            job = _upsert(Job, {"name": name}, values, f"job {name}", report, actor)
+            wanted = {datasets[u].pk for u in j["reads"]}
+            if set(job.upstreams.values_list("pk", flat=True)) != wanted:
+                job.upstreams.set(wanted)
+            digest = definition_hash(j["definition"])
+            if job.current_code_version is None or job.current_code_version.hash != digest:
+                version, made = CodeVersion.objects.get_or_create(
+                    job=job, hash=digest, defaults={"definition": j["definition"]})
+                previous = job.current_code_version.short_hash if job.current_code_version else None
+                Job.objects.filter(pk=job.pk).update(current_code_version=version)
+                job.current_code_version = version
+                if previous:
+                    report.changed.append(f"job {name} code version {previous} -> {version.short_hash}")
+                audit_record(actor=actor, action="catalog.code_version", object_type="job", object_id=name,
+                             dataset=j["produces"], data={"from": previous, "to": version.short_hash, "new": made})
+    return report
+
+
+def catalog_sync_file(*, path: str | Path, actor=None) -> SyncReport:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogError(f"cannot read the catalog file {path}: {exc.strerror}", field="path") from None
+    return catalog_sync(text=text, actor=actor)

@@ -1,0 +1,81 @@
+"""Load the demo: users and roles, the demo catalog, warehouse tables and source data.
+Idempotent: a second run adds nothing."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.contrib.auth.models import Group, User
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from backfill_portal.catalog.models import Dataset
+from backfill_portal.catalog.services.sync import CatalogError, catalog_sync_file
+from backfill_portal.core.roles import Role
+from backfill_portal.warehouse.registry import get_warehouse, spec_for
+
+DEMO_USERS = {
+    "alice": [Role.REQUESTER],
+    "olivia": [Role.OWNER, Role.REQUESTER],
+    "sam": [Role.OWNER, Role.REQUESTER],
+    "rita": [Role.OWNER],
+    "finn": [Role.OWNER],
+    "oscar": [Role.ONCALL],
+    "audrey": [Role.AUDITOR],
+}
+DEMO_CATALOG = Path(__file__).resolve().parents[3] / "catalog" / "demo_catalog.yaml"
+
+
+def ensure_demo_users() -> list[str]:
+    created = []
+    with transaction.atomic():
+        for role in Role.values:
+            Group.objects.get_or_create(name=role)
+        for username, roles in DEMO_USERS.items():
+            user, made = User.objects.get_or_create(username=username, defaults={"email": f"{username}@example.com"})
+            if made:
+                user.set_password(f"{username}-demo")
+                user.save()
+                created.append(username)
+            user.groups.add(*Group.objects.filter(name__in=roles))
+        if not User.objects.filter(username="admin").exists():
+            User.objects.create_superuser("admin", "admin@example.com", "admin-demo")
+            created.append("admin")
+        User.objects.get(username="admin").groups.add(Group.objects.get(name=Role.ADMIN))
+    return created
+
+
+class Command(BaseCommand):
+    help = "Load demo users, the demo catalog, warehouse tables and synthetic source data (idempotent)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--orders-per-day", type=int, default=None)
+        parser.add_argument("--first", default="2022-09-01")
+        parser.add_argument("--last", default="2022-12-31")
+        parser.add_argument("--no-data", action="store_true", help="users and catalog only")
+
+    def handle(self, *args, orders_per_day, first, last, no_data, **options):
+        from datetime import date
+
+        from backfill_portal.warehouse.demo_data import load_demo_sources
+
+        created = ensure_demo_users()
+        self.stdout.write(f"users: {len(created)} created" + (f" ({', '.join(created)})" if created else ""))
+        try:
+            report = catalog_sync_file(path=DEMO_CATALOG)
+        except CatalogError as exc:
+            raise CommandError(f"demo catalog: {exc.message}") from None
+        for line in report.lines()[-1:]:
+            self.stdout.write(f"catalog: {line}")
+        warehouse = get_warehouse()
+        for dataset in Dataset.objects.filter(is_source=False):
+            warehouse.ensure_dataset(spec_for(dataset))
+        if no_data:
+            return
+        try:
+            kwargs = {"first": date.fromisoformat(first), "last": date.fromisoformat(last)}
+        except ValueError as exc:
+            raise CommandError(f"--first/--last: {exc}") from None
+        if orders_per_day:
+            kwargs["orders_per_day"] = orders_per_day
+        counts = load_demo_sources(warehouse.db, **kwargs)
+        self.stdout.write("source data: " + ", ".join(f"{k} +{v}" for k, v in counts.items()))

@@ -1,0 +1,58 @@
+"""Start the web server, one Celery worker and the periodic scheduler; Ctrl-C stops all."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Run web + worker + scheduler together (the embedded default deployment)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--addr", default=os.environ.get("PORTAL_ADDR", "127.0.0.1:8000"))
+
+    def handle(self, *args, addr, **options):
+        python = sys.executable
+        beat_schedule = str(settings.VAR_DIR / "celerybeat-schedule")
+        commands = {
+            "web": [python, "manage.py", "runserver", addr, "--noreload"],
+            "worker": [python, "-m", "celery", "-A", "backfill_portal", "worker", "-Q", "production,backfill",
+                       "--concurrency", os.environ.get("WORKER_CONCURRENCY", "2"), "--loglevel", "INFO"],
+            "scheduler": [python, "-m", "celery", "-A", "backfill_portal", "beat", "--schedule", beat_schedule,
+                          "--loglevel", "INFO"],
+        }
+        procs = {name: subprocess.Popen(cmd, cwd=settings.BASE_DIR) for name, cmd in commands.items()}
+        self.stdout.write(self.style.SUCCESS(f"\nBackfill Portal: http://{addr}/  (API docs: http://{addr}/api/docs/)"))
+        self.stdout.write("demo logins (password = username + '-demo'): alice (requester), olivia, sam, rita, finn "
+                          "(owners), oscar (on-call), audrey (auditor), admin\nCtrl-C stops web, worker and scheduler.\n")
+        stopping = False
+
+        def stop(*_):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            while not stopping:
+                for name, proc in procs.items():
+                    if proc.poll() is not None:
+                        self.stderr.write(f"{name} exited with {proc.returncode}; stopping the others")
+                        stopping = True
+                time.sleep(0.5)
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.time() + 10
+            for proc in procs.values():
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()

@@ -1,0 +1,58 @@
+"""The audit log: append-only and hash-chained (each event carries the hash of the
+one before it, so an edit behind the application's back breaks the chain)."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class AppendOnlyError(Exception):
+    pass
+
+
+class AuditEventQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise AppendOnlyError("the audit log is append-only: updates are refused")
+
+    def delete(self):
+        raise AppendOnlyError("the audit log is append-only: deletes are refused")
+
+
+class AuditEvent(models.Model):
+    at = models.DateTimeField(db_index=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=64)
+    object_type = models.CharField(max_length=32)
+    object_id = models.CharField(max_length=64)
+    request_id = models.BigIntegerField(null=True, blank=True)
+    dataset = models.CharField(max_length=128, blank=True, default="")
+    from_state = models.CharField(max_length=32, blank=True, default="")
+    to_state = models.CharField(max_length=32, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    objects = AuditEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["request_id", "id"]),
+            models.Index(fields=["actor_name", "id"]),
+            models.Index(fields=["action", "id"]),
+            models.Index(fields=["dataset", "id"]),
+            models.Index(fields=["object_type", "object_id"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.object_type}:{self.object_id}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise AppendOnlyError("the audit log is append-only: updates are refused")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AppendOnlyError("the audit log is append-only: deletes are refused")

@@ -1,0 +1,61 @@
+"""The one mechanism every state change goes through.
+
+Each stateful model has a `transitions.py` with its allowed-edges map; its transition
+functions call `apply_transition`, which checks the edge, claims the row with a
+conditional update (a count other than 1 is a lost race), and writes the audit row,
+all in one transaction.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from django.db import models, transaction
+
+from backfill_portal.core.errors import ConflictError
+from backfill_portal.core.services.audit import audit_record
+
+
+def apply_transition(
+    *,
+    instance: models.Model,
+    to: str,
+    edges: Mapping[str, frozenset[str] | set[str] | tuple[str, ...]],
+    actor,
+    object_type: str,
+    request_id: int | None = None,
+    dataset: str = "",
+    reason: str = "",
+    updates: dict | None = None,
+    data: dict | None = None,
+    action: str | None = None,
+) -> models.Model:
+    current = instance.status
+    if to not in edges.get(current, ()):
+        raise ConflictError(
+            f"{object_type} {instance.pk} is {current}; it cannot become {to}",
+            field="status",
+        )
+    updates = dict(updates or {})
+    with transaction.atomic():
+        claimed = type(instance).objects.filter(pk=instance.pk, status=current).update(status=to, **updates)
+        if claimed != 1:
+            raise ConflictError(
+                f"{object_type} {instance.pk} changed while we were working on it; reload and try again",
+                field="status",
+            )
+        audit_record(
+            actor=actor,
+            action=action or f"{object_type}.{to}",
+            object_type=object_type,
+            object_id=instance.pk,
+            request_id=request_id,
+            dataset=dataset,
+            from_state=current,
+            to_state=to,
+            reason=reason,
+            data=data,
+        )
+    instance.status = to
+    for key, value in updates.items():
+        setattr(instance, key, value)
+    return instance

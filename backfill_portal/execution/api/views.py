@@ -1,0 +1,17 @@
+from rest_framework import viewsets
+
+from backfill_portal.execution.api.serializers import RunDetailSerializer, RunSerializer
+from backfill_portal.execution.selectors import run_list
+
+
+class RunViewSet(viewsets.ReadOnlyModelViewSet):
+    lookup_field = "run_id"
+    filterset_fields = ["status", "run_type", "job__name", "request", "partition_key"]
+    ordering = "-id"
+
+    def get_queryset(self):
+        qs = run_list()
+        return qs.prefetch_related("attempts") if self.action == "retrieve" else qs
+
+    def get_serializer_class(self):
+        return RunDetailSerializer if self.action == "retrieve" else RunSerializer

@@ -1,0 +1,122 @@
+"""Runs and attempts. Identity is job + data interval + run_id + attempt_no."""
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
+
+
+def new_run_id() -> str:
+    # Short, URL-safe, sortable enough for humans; travels in headers, logs and warehouse rows.
+    return "run_" + secrets.token_hex(8)
+
+
+class Run(models.Model):
+    run_id = models.CharField(max_length=40, unique=True, default=new_run_id)
+    job = models.ForeignKey("catalog.Job", on_delete=models.PROTECT, related_name="runs")
+    run_type = models.CharField(max_length=12, choices=RunType.choices)
+    request = models.ForeignKey("backfills.BackfillRequest", null=True, blank=True, on_delete=models.PROTECT, related_name="runs")
+    interval = models.ForeignKey("backfills.Interval", null=True, blank=True, on_delete=models.PROTECT, related_name="runs")
+    partition_key = models.CharField(max_length=40)
+    data_interval_start = models.DateTimeField()
+    data_interval_end = models.DateTimeField()
+    code_version = models.ForeignKey("catalog.CodeVersion", on_delete=models.PROTECT, related_name="runs")
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    # The version that was current when this run was verified: the publish is a
+    # compare-and-set against it, so a publication in between is a conflict.
+    expected_previous_run_id = models.CharField(max_length=40, blank=True, default="")
+    output_columns = models.JSONField(default=list, blank=True)
+    # When its next task was last sent: the sweeper re-sends work a broker lost.
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(data_interval_start__lt=models.F("data_interval_end")),
+                name="run_interval_ordered",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["job", "partition_key"]),
+            models.Index(fields=["status", "id"]),
+            models.Index(fields=["request", "status"]),
+        ]
+
+    def __str__(self) -> str:
+        return self.run_id
+
+
+class Attempt(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    attempt_no = models.PositiveIntegerField()
+    status = models.CharField(max_length=10, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["run_id", "attempt_no"]
+        constraints = [models.UniqueConstraint(fields=["run", "attempt_no"], name="attempt_unique_per_run")]
+        indexes = [models.Index(fields=["status", "heartbeat_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.run.run_id}#{self.attempt_no}"
+
+
+class CheckResult(models.Model):
+    """One verification check of one run, with its numbers."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checks")
+    name = models.CharField(max_length=64)
+    blocking = models.BooleanField(default=True)
+    passed = models.BooleanField()
+    observed = models.JSONField(default=dict, blank=True)
+    message = models.TextField(blank=True, default="")
+    checked_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["run_id", "id"]
+
+
+class Delivery(models.Model):
+    """The outbox of side-effect nodes. The unique idempotency key (job, partition,
+    upstream version) makes a second delivery impossible, whoever asks."""
+
+    job = models.ForeignKey("catalog.Job", on_delete=models.PROTECT, related_name="deliveries")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="deliveries")
+    partition_key = models.CharField(max_length=40)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    channel = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    delivered_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-id"]
+
+
+class TaskOutbox(models.Model):
+    """Work committed in the same transaction as the state that needs it, sent to the
+    broker after commit. A crash between commit and send leaves a row the sweeper
+    re-sends; a task that runs twice is harmless (tasks re-read state)."""
+
+    task = models.CharField(max_length=100)
+    args = models.JSONField(default=list)
+    headers = models.JSONField(default=dict)
+    queue = models.CharField(max_length=32, default="backfill")
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["sent_at", "id"])]

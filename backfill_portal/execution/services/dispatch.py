@@ -1,0 +1,258 @@
+"""Dispatch: turn a running request's planned intervals into queued runs, within the
+three gates (request max active intervals; job and team max concurrent runs; the
+data-source pool's slots, some reserved for production)."""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from backfill_portal.backfills.choices import IntervalStatus as I
+from backfill_portal.backfills.choices import RequestStatus as R
+from backfill_portal.backfills.choices import Strategy
+from backfill_portal.backfills.models import BackfillRequest, Interval
+from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition, request_transition
+from backfill_portal.catalog.choices import JobKind
+from backfill_portal.catalog.models import Job
+from backfill_portal.core.errors import ConflictError, NotFound
+from backfill_portal.core.roles import Role, deny, has_role
+from backfill_portal.core.services.audit import audit_record
+from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
+from backfill_portal.execution.models import Attempt, Run
+from backfill_portal.execution.queue import BACKFILL_QUEUE, PRODUCTION_QUEUE, enqueue
+from backfill_portal.execution.transitions import RUN_ACTIVE, attempt_transition, run_transition
+
+logger = logging.getLogger(__name__)
+_DISPATCH_LOCK_KEY = 7_351_002
+
+
+def run_headers(run: Run) -> dict:
+    return {"run_id": run.run_id, "request_id": run.request_id, "job": run.job.name, "partition": run.partition_key}
+
+
+def run_queue(run: Run) -> str:
+    return PRODUCTION_QUEUE if run.run_type == RunType.SCHEDULED else BACKFILL_QUEUE
+
+
+def enqueue_execute(run: Run) -> None:
+    Run.objects.filter(pk=run.pk).update(enqueued_at=timezone.now())
+    enqueue("execution.execute_run", run.run_id, headers=run_headers(run), queue=run_queue(run))
+
+
+def enqueue_verify(run: Run) -> None:
+    Run.objects.filter(pk=run.pk).update(enqueued_at=timezone.now())
+    enqueue("execution.verify_run", run.run_id, headers=run_headers(run), queue=run_queue(run))
+
+
+def runs_resend_stale(*, older_than_seconds: int = 600, now=None) -> int:
+    """Re-send the next task of runs waiting longer than any healthy queue would take
+    (a message the broker lost). Duplicates are harmless: tasks claim before working."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=older_than_seconds)
+    stale = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.STAGED, RunStatus.VERIFIED],
+                               enqueued_at__lt=cutoff).select_related("job")[:200]
+    count = 0
+    for run in stale:
+        with transaction.atomic():
+            if run.status == RunStatus.QUEUED:
+                enqueue_execute(run)
+            else:
+                enqueue_verify(run)
+        count += 1
+    return count
+
+
+def _serialise_dispatch() -> None:
+    # SQLite's IMMEDIATE transactions already serialise writers; PostgreSQL needs a lock
+    # so two dispatchers cannot both count free slots and both take the last one.
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_DISPATCH_LOCK_KEY])
+
+
+def free_slots(job: Job, *, production: bool) -> int:
+    """What the job, its team and its pool still allow (not counting the request gate)."""
+    active = Run.objects.filter(status__in=RUN_ACTIVE)
+    job_free = job.max_concurrent_runs - active.filter(job=job).count()
+    team = job.dataset.team
+    team_free = team.max_concurrent_runs - active.filter(job__dataset__team=team).count()
+    pool = job.pool
+    pool_limit = pool.slots if production else pool.slots - pool.reserved_for_production
+    pool_free = pool_limit - active.filter(job__pool=pool).count()
+    return max(0, min(job_free, team_free, pool_free))
+
+
+def request_get_for_update(request_id) -> BackfillRequest:
+    try:
+        return BackfillRequest.objects.select_related("job__dataset__team", "job__pool").get(pk=int(request_id))
+    except (BackfillRequest.DoesNotExist, TypeError, ValueError):
+        raise NotFound(f"backfill request {request_id} does not exist") from None
+
+
+def request_start_after_approval(*, request_id: int) -> None:
+    with transaction.atomic():
+        request = request_get_for_update(request_id)
+        if request.status != R.APPROVED:
+            return
+        request_transition(request, to=R.RUNNING, actor=None, reason="all approval steps approved",
+                           action="request.start")
+        enqueue("execution.dispatch_request", request.pk, headers={"request_id": request.pk})
+
+
+def _candidates(request: BackfillRequest, job: Job, limit: int) -> list[Interval]:
+    base = Interval.objects.filter(request=request, job=job)
+    if job.depends_on_past:
+        # Strictly in order: the next interval only once every earlier one is published.
+        if base.filter(status__in=[I.QUEUED, I.RUNNING, I.FAILED]).exists():
+            return []
+        nxt = base.filter(status=I.PLANNED).order_by("position").first()
+        return [nxt] if nxt else []
+    order = "-position" if request.strategy == Strategy.BACKWARD else "position"
+    return list(base.filter(status=I.PLANNED).order_by(order)[:limit])
+
+
+def dispatch_request(*, request_id: int) -> int:
+    """Claim eligible intervals and queue their runs. Safe to call at any time, twice."""
+    created = 0
+    with transaction.atomic():
+        _serialise_dispatch()
+        request = request_get_for_update(request_id)
+        if request.status != R.RUNNING or request.paused:
+            return 0
+        in_flight = Interval.objects.filter(request=request, status__in=[I.QUEUED, I.RUNNING]).count()
+        budget = request.max_active_intervals - in_flight
+        job = request.job
+        if budget > 0:
+            budget = min(budget, free_slots(job, production=False))
+        if budget > 0:
+            authorised = set(request.side_effects.values_list("pk", flat=True))
+            for interval in _candidates(request, job, budget):
+                interval.request = request
+                if job.kind == JobKind.SIDE_EFFECT and job.pk not in authorised:
+                    interval_transition(interval, to=I.SKIPPED,
+                                        reason="side-effect node not authorised by this request")
+                    continue
+                interval_transition(interval, to=I.QUEUED)
+                run = Run.objects.create(
+                    job=job, run_type=RunType.BACKFILL, request=request, interval=interval,
+                    partition_key=interval.partition_key, data_interval_start=interval.start,
+                    data_interval_end=interval.end, code_version_id=interval.code_version_id,
+                )
+                audit_record(actor=None, action="run.created", object_type="run", object_id=run.pk,
+                             request_id=request.pk, dataset=job.dataset.name, to_state=RunStatus.QUEUED,
+                             data={"run_id": run.run_id, "partition": run.partition_key, "run_type": run.run_type,
+                                   "code_version": run.code_version_id})
+                enqueue_execute(run)
+                created += 1
+        request_check_done(request)
+    return created
+
+
+def request_check_done(request: BackfillRequest) -> None:
+    """No work left: reconciling when nothing failed, failed otherwise."""
+    if request.status != R.RUNNING:
+        return
+    open_left = Interval.objects.filter(request=request, status__in=[I.PLANNED, I.QUEUED, I.RUNNING]).exists()
+    if open_left:
+        return
+    failed = Interval.objects.filter(request=request, status=I.FAILED).count()
+    if failed:
+        request_transition(request, to=R.FAILED, actor=None, action="request.failed",
+                           reason=f"{failed} interval(s) failed after their last attempt",
+                           data={"failed": failed})
+    else:
+        request_transition(request, to=R.RECONCILING, actor=None, action="request.reconciling",
+                           reason="every interval published or skipped; reconciliation pending")
+
+
+def _require_operator(actor, request: BackfillRequest, action: str) -> None:
+    if request.requested_by_id == actor.pk or has_role(actor, Role.ONCALL, Role.ADMIN):
+        return
+    raise deny(actor=actor, action=action, reason=f"{action} needs the requester, on-call or an admin",
+               object_type="request", object_id=request.pk, request_id=request.pk)
+
+
+def request_pause(*, actor, request_id) -> BackfillRequest:
+    request = request_get_for_update(request_id)
+    _require_operator(actor, request, "request.pause")
+    with transaction.atomic():
+        claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=False).update(paused=True)
+        if claimed != 1:
+            raise ConflictError(f"request #{request.pk} is {request.status}{' and paused' if request.paused else ''}; "
+                                "only a running request can be paused", field="status")
+        audit_record(actor=actor, action="request.pause", object_type="request", object_id=request.pk,
+                     request_id=request.pk, dataset=request.job.dataset.name, from_state="running", to_state="paused")
+    request.paused = True
+    return request
+
+
+def request_resume(*, actor, request_id) -> BackfillRequest:
+    """Resume a paused request (dispatch again) or retry a failed one."""
+    request = request_get_for_update(request_id)
+    _require_operator(actor, request, "request.resume")
+    if request.status == R.FAILED:
+        return request_retry_failed(actor=actor, request_id=request_id)
+    with transaction.atomic():
+        claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=True).update(paused=False)
+        if claimed != 1:
+            raise ConflictError(f"request #{request.pk} is {request.status} and not paused; nothing to resume",
+                                field="status")
+        audit_record(actor=actor, action="request.resume", object_type="request", object_id=request.pk,
+                     request_id=request.pk, dataset=request.job.dataset.name, from_state="paused", to_state="running")
+        enqueue("execution.dispatch_request", request.pk, headers={"request_id": request.pk})
+    request.paused = False
+    return request
+
+
+def request_retry_failed(*, actor, request_id) -> BackfillRequest:
+    """Failed runs get new attempts on the same frozen code version; published
+    intervals are left alone."""
+    request = request_get_for_update(request_id)
+    _require_operator(actor, request, "request.retry_failed")
+    if request.status not in (R.FAILED, R.RUNNING):
+        raise ConflictError(f"request #{request.pk} is {request.status}; only a failed or running request "
+                            "can retry its failed intervals", field="status")
+    failed = list(Interval.objects.filter(request=request, status=I.FAILED))
+    if not failed:
+        raise ConflictError(f"request #{request.pk} has no failed intervals", field="status")
+    with transaction.atomic():
+        if request.status == R.FAILED:
+            request_transition(request, to=R.RUNNING, actor=actor, action="request.retry_failed",
+                               reason=f"retrying {len(failed)} failed interval(s)")
+        for interval in failed:
+            interval.request = request
+            run = Run.objects.filter(interval=interval).order_by("-id").first()
+            if run is not None and run.status == RunStatus.FAILED:
+                run_transition(run, to=RunStatus.QUEUED, actor=actor, reason="retry failed")
+                interval_transition(interval, to=I.QUEUED, actor=actor, reason="retry failed")
+                enqueue_execute(run)
+            else:
+                # The run cannot be retried (verification failed: its output is wrong for
+                # this code); plan the interval again so a new run is created.
+                interval_transition(interval, to=I.QUEUED, actor=actor, reason="retry failed")
+                interval_transition(interval, to=I.PLANNED, actor=actor, reason="new run")
+        enqueue("execution.dispatch_request", request.pk, headers={"request_id": request.pk})
+    return request
+
+
+def request_stop_runs(*, request_id: int) -> None:
+    """After a cancel: queued and running work stops; nothing partial becomes visible
+    (the publish of a cancelled run is refused by its state)."""
+    with transaction.atomic():
+        request = BackfillRequest.objects.select_related("job__dataset").get(pk=request_id)
+        for run in Run.objects.filter(request=request, status__in=RUN_ACTIVE).select_related("job__dataset"):
+            run_transition(run, to=RunStatus.CANCELLED, reason="request cancelled", updates={"finished_at": timezone.now()})
+            for attempt in Attempt.objects.filter(run=run, status=AttemptStatus.RUNNING).select_related("run"):
+                attempt_transition(attempt, to=AttemptStatus.FAILED, reason="request cancelled",
+                                   updates={"finished_at": timezone.now(), "error": "cancelled"})
+        for frm in (I.QUEUED, I.RUNNING, I.FAILED):
+            intervals_bulk_transition(request, frm=frm, to=I.CANCELLED, reason="request cancelled")
+
+
+def dispatch_all() -> int:
+    """The periodic safety net: dispatch every running request."""
+    total = 0
+    for pk in BackfillRequest.objects.filter(status=R.RUNNING, paused=False).values_list("pk", flat=True):
+        total += dispatch_request(request_id=pk)
+    return total

@@ -1,0 +1,203 @@
+"""Running one attempt of one run, heartbeats, fencing and the lost-attempt sweeper."""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from datetime import timedelta
+
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from backfill_portal.backfills.choices import IntervalStatus as I
+from backfill_portal.backfills.choices import RequestStatus as R
+from backfill_portal.backfills.transitions import interval_transition
+from backfill_portal.core.errors import ConflictError
+from backfill_portal.core.logging import log_context
+from backfill_portal.core.services.audit import audit_record
+from backfill_portal.execution.choices import AttemptStatus as A
+from backfill_portal.execution.choices import RunStatus as S
+from backfill_portal.execution.models import Attempt, Run
+from backfill_portal.execution.queue import enqueue
+from backfill_portal.execution.services.dispatch import enqueue_execute, enqueue_verify
+from backfill_portal.execution.transitions import attempt_transition, run_transition
+from backfill_portal.warehouse.models import Version
+from backfill_portal.warehouse.registry import get_warehouse
+
+logger = logging.getLogger(__name__)
+
+
+def run_get(run_id: str) -> Run | None:
+    return (Run.objects.select_related("job__dataset__team", "job__pool", "code_version", "request", "interval")
+            .filter(run_id=run_id).first())
+
+
+class Heartbeat:
+    """Beats while an attempt works. A beat that finds the attempt no longer running
+    (marked lost, or the run cancelled) sets `fenced`: the work must stop and its
+    result will be refused."""
+
+    def __init__(self, attempt: Attempt, every: float):
+        self.attempt_pk = attempt.pk
+        self.every = max(0.2, every)
+        self.fenced = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{attempt.pk}", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self):
+        try:
+            while not self._stop.wait(self.every):
+                if not attempt_heartbeat(attempt_pk=self.attempt_pk):
+                    self.fenced.set()
+                    return
+        finally:
+            connection.close()
+
+
+def attempt_heartbeat(*, attempt_pk: int) -> bool:
+    """A conditional update: a stale attempt's beat changes nothing and returns False."""
+    return Attempt.objects.filter(pk=attempt_pk, status=A.RUNNING).update(heartbeat_at=timezone.now()) == 1
+
+
+def _start_attempt(run: Run, worker: str) -> Attempt | None:
+    with transaction.atomic():
+        try:
+            run_transition(run, to=S.RUNNING, updates={"started_at": run.started_at or timezone.now()})
+        except ConflictError:
+            return None  # another delivery of this task claimed it first
+        last = run.attempts.aggregate(n=Max("attempt_no"))["n"] or 0
+        now = timezone.now()
+        attempt = Attempt.objects.create(run=run, attempt_no=last + 1, status=A.RUNNING, started_at=now,
+                                         heartbeat_at=now, worker=worker)
+        audit_record(actor=None, action="attempt.started", object_type="attempt", object_id=attempt.pk,
+                     request_id=run.request_id, dataset=run.job.dataset.name, to_state=A.RUNNING,
+                     data={"run_id": run.run_id, "attempt_no": attempt.attempt_no, "worker": worker})
+        if run.interval_id and run.interval.status == I.QUEUED:
+            interval_transition(run.interval, to=I.RUNNING, data={"run_id": run.run_id})
+    return attempt
+
+
+def run_execute(*, run_id: str, worker: str = "") -> str:
+    """Execute the next attempt of a queued run. Returns what happened (for logs/tests).
+
+    1. Claim the run (queued -> running) and open an attempt; a duplicate task finds
+       it claimed and returns.
+    2. Read the commit marker: committed => go on to verification without writing.
+       Absent => discard the run's own partial rows and stage again.
+    3. Succeed the attempt and stage the run in one transaction; a fenced (lost)
+       attempt cannot, so a stale worker never moves the run.
+    """
+    run = run_get(run_id)
+    if run is None:
+        return "missing"
+    if run.status == S.STAGED:
+        enqueue_verify(run)
+        return "already-staged"
+    if run.status != S.QUEUED:
+        return f"skipped-{run.status}"
+    if run.request_id and run.request.status not in (R.RUNNING,):
+        return f"request-{run.request.status}"
+    attempt = _start_attempt(run, worker or socket.gethostname())
+    if attempt is None:
+        return "claimed-elsewhere"
+    warehouse = get_warehouse()
+    with log_context(run_id=run.run_id, attempt_no=attempt.attempt_no, request_id=run.request_id):
+        logger.info("attempt %s of %s %s started", attempt.attempt_no, run.job.name, run.partition_key)
+        try:
+            with Heartbeat(attempt, every=run.job.heartbeat_timeout_seconds / 4) as beat:
+                marker = warehouse.marker(run.run_id)
+                if marker is not None:
+                    logger.info("commit marker found (attempt %s): not writing again", marker.attempt_no)
+                else:
+                    from backfill_portal.execution.executors import execute
+
+                    warehouse.discard_uncommitted(spec=_spec(run), run_id=run.run_id)
+                    marker = execute(run, attempt.attempt_no, warehouse, should_stop=beat.fenced.is_set)
+        except Exception as exc:  # the attempt fails; the policy decides what next
+            logger.warning("attempt failed: %s", exc)
+            return attempt_fail(attempt=attempt, run=run, error=f"{type(exc).__name__}: {exc}")
+        return _attempt_succeed(attempt=attempt, run=run, marker=marker)
+
+
+def _spec(run: Run):
+    from backfill_portal.warehouse.registry import spec_for
+
+    return spec_for(run.job.dataset)
+
+
+def _attempt_succeed(*, attempt: Attempt, run: Run, marker) -> str:
+    try:
+        with transaction.atomic():
+            attempt.run = run
+            attempt_transition(attempt, to=A.SUCCEEDED, updates={"finished_at": timezone.now()})
+            Version.objects.get_or_create(run=run, defaults={
+                "dataset": run.job.dataset, "partition_key": run.partition_key, "row_count": marker.row_count,
+                "fingerprint": marker.fingerprint, "committed_attempt": marker.attempt_no,
+                "committed_at": marker.committed_at or timezone.now()})
+            run_transition(run, to=S.STAGED, data={"row_count": marker.row_count, "fingerprint": marker.fingerprint})
+            enqueue_verify(run)
+    except ConflictError:
+        logger.warning("attempt %s was fenced (lost or cancelled); its result is refused", attempt.attempt_no)
+        return "fenced"
+    return "staged"
+
+
+def attempt_fail(*, attempt: Attempt, run: Run, error: str, to: str = A.FAILED) -> str:
+    """End an attempt and apply the retry policy: a new attempt until max_attempts,
+    then the run (and its interval) fail and the queue moves on."""
+    try:
+        with transaction.atomic():
+            attempt.run = run
+            attempt_transition(attempt, to=to, reason=error[:500],
+                               updates={"finished_at": timezone.now(), "error": error[:4000]})
+            run.refresh_from_db(fields=["status"])
+            if run.status != S.RUNNING:
+                return "fenced"
+            if attempt.attempt_no < run.job.max_attempts:
+                run_transition(run, to=S.QUEUED, reason=f"attempt {attempt.attempt_no} {to}; retrying",
+                               updates={"error": error[:4000]})
+                enqueue_execute(run)
+                return "retrying"
+            run_transition(run, to=S.FAILED, reason=f"failed after {attempt.attempt_no} attempt(s)",
+                           updates={"error": error[:4000], "finished_at": timezone.now()})
+            _interval_failed(run)
+            return "failed"
+    except ConflictError:
+        return "fenced"
+
+
+def _interval_failed(run: Run) -> None:
+    if run.interval_id:
+        interval = run.interval
+        interval.refresh_from_db(fields=["status"])
+        if interval.status in (I.QUEUED, I.RUNNING):
+            interval_transition(interval, to=I.FAILED, reason=run.error[:500], data={"run_id": run.run_id})
+        enqueue("execution.dispatch_request", run.request_id, headers={"request_id": run.request_id})
+
+
+def attempts_sweep_lost(*, now=None) -> int:
+    """Mark attempts whose heartbeat (or start) is older than the job's timeout as lost;
+    the retry policy then starts the next attempt."""
+    now = now or timezone.now()
+    swept = 0
+    running = Attempt.objects.filter(status=A.RUNNING).select_related("run__job__dataset", "run__interval", "run__request")
+    for attempt in running:
+        last = attempt.heartbeat_at or attempt.started_at
+        if last >= now - timedelta(seconds=attempt.run.job.heartbeat_timeout_seconds):
+            continue
+        with log_context(run_id=attempt.run.run_id, attempt_no=attempt.attempt_no, request_id=attempt.run.request_id):
+            logger.warning("heartbeat expired (last %s); attempt lost", last.isoformat())
+            result = attempt_fail(attempt=attempt, run=attempt.run, to=A.LOST,
+                                  error=f"heartbeat expired: last beat {last.isoformat()}")
+        swept += result != "fenced"
+    close_old_connections()
+    return swept

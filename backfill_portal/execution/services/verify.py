@@ -1,0 +1,198 @@
+"""Verification of a staged version, then its publication by compare-and-set.
+
+Checks (each blocking or warning, stored with their numbers):
+row count above zero; row count within a band of the trailing baseline; zero
+duplicate business keys; zero NULL business keys; core measure against the source
+for the same interval; declared schema; the catalog's custom SQL assertions
+(rows returned = failure). A blocking failure leaves the old version visible.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.utils import timezone
+
+from backfill_portal.backfills.choices import IntervalStatus as I
+from backfill_portal.backfills.transitions import interval_transition
+from backfill_portal.core.errors import ConflictError
+from backfill_portal.core.logging import log_context
+from backfill_portal.execution.choices import RunStatus as S
+from backfill_portal.execution.models import CheckResult, Run
+from backfill_portal.execution.queue import enqueue
+from backfill_portal.execution.services.runs import _interval_failed, run_get
+from backfill_portal.execution.transitions import run_transition
+from backfill_portal.warehouse.adapter import PublishConflict
+from backfill_portal.warehouse.models import Publication, Version
+from backfill_portal.warehouse.registry import get_warehouse, spec_for
+
+logger = logging.getLogger(__name__)
+BASELINE_WINDOW = 7
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    blocking: bool = True
+    observed: dict = field(default_factory=dict)
+    message: str = ""
+
+
+def trailing_baseline(run: Run, window: int = BASELINE_WINDOW) -> float | None:
+    """Median row count of the trailing published partitions of this dataset."""
+    counts = list(
+        Version.objects.filter(dataset=run.job.dataset, run__status=S.PUBLISHED, partition_key__lt=run.partition_key)
+        .order_by("-partition_key").values_list("row_count", flat=True)[:window]
+    )
+    return float(statistics.median(counts)) if counts else None
+
+
+def compute_checks(run: Run, warehouse) -> list[Check]:
+    from backfill_portal.execution.executors import ExecutionError, pin_inputs, render
+
+    dataset = run.job.dataset
+    spec = spec_for(dataset)
+    profile = warehouse.profile(spec=spec, run_id=run.run_id)
+    tol = dataset.tolerances or {}
+    checks = [Check("row_count_positive", profile.row_count > 0, observed={"rows": profile.row_count},
+                    message="" if profile.row_count > 0 else "the version has no rows")]
+    baseline = trailing_baseline(run)
+    band = float(tol.get("row_band", 0.5))
+    if baseline:
+        low, high = baseline * (1 - band), baseline * (1 + band)
+        ok = low <= profile.row_count <= high
+        checks.append(Check("row_count_baseline", ok, blocking=bool(tol.get("row_band_blocking", False)),
+                            observed={"rows": profile.row_count, "baseline": baseline, "band": band},
+                            message="" if ok else f"{profile.row_count} rows is outside {low:.0f}..{high:.0f}"))
+    else:
+        checks.append(Check("row_count_baseline", True, blocking=False, observed={"rows": profile.row_count},
+                            message="no trailing published partitions yet"))
+    checks.append(Check("unique_business_key", profile.duplicate_keys == 0,
+                        observed={"rows": profile.row_count, "distinct_keys": profile.distinct_keys,
+                                  "duplicate_keys": profile.duplicate_keys},
+                        message="" if profile.duplicate_keys == 0 else f"{profile.duplicate_keys} duplicate key(s)"))
+    checks.append(Check("no_null_business_key", profile.null_keys == 0, observed={"null_keys": profile.null_keys},
+                        message="" if profile.null_keys == 0 else f"{profile.null_keys} row(s) with a NULL key"))
+    declared = [c["name"] for c in dataset.columns]
+    produced = list(run.output_columns or declared)
+    extra = sorted(set(produced) - set(declared))
+    missing = sorted(set(declared) - set(produced))
+    checks.append(Check("declared_schema", not extra and not missing,
+                        observed={"declared": declared, "produced": produced},
+                        message="; ".join(filter(None, [f"undeclared: {', '.join(extra)}" if extra else "",
+                                                        f"missing: {', '.join(missing)}" if missing else ""]))))
+    pins = pin_inputs(run, warehouse)
+    this_sql = warehouse.ref_sql(spec=spec, pins={run.partition_key: run.run_id})
+    if dataset.source_measure_sql and dataset.core_measure:
+        try:
+            sql = render(dataset.source_measure_sql, run=run, warehouse=warehouse, pins=pins, this_sql=this_sql)
+            expected = warehouse.db.query(f"SELECT * FROM ({sql}) AS q")[0][0]
+            expected = float(expected or 0)
+            actual = float(profile.measure_sum or 0)
+            rel = float(tol.get("measure_rel", 0.001))
+            ok = abs(actual - expected) <= rel * max(abs(expected), 1.0)
+            checks.append(Check("measure_vs_source", ok, observed={"measure": dataset.core_measure, "version": actual,
+                                                                    "source": expected, "tolerance": rel},
+                                message="" if ok else f"{dataset.core_measure} {actual:.2f} vs source {expected:.2f}"))
+        except (ExecutionError, Exception) as exc:  # a broken reconciliation query is a failed check, not a crash
+            checks.append(Check("measure_vs_source", False, observed={}, message=f"could not compute: {exc}"))
+    for custom in dataset.checks or []:
+        try:
+            sql = render(custom["sql"], run=run, warehouse=warehouse, pins=pins, this_sql=this_sql)
+            rows = warehouse.db.query(f"SELECT COUNT(*) FROM ({sql}) AS q")[0][0]
+            checks.append(Check(custom["name"], rows == 0, blocking=custom.get("blocking", True),
+                                observed={"failing_rows": int(rows)},
+                                message="" if rows == 0 else f"{rows} row(s) violate the assertion"))
+        except Exception as exc:
+            checks.append(Check(custom["name"], False, blocking=custom.get("blocking", True),
+                                message=f"could not run: {exc}"))
+    return checks
+
+
+def run_verify(*, run_id: str) -> str:
+    """staged -> verifying -> verified (then publish) or verification_failed."""
+    run = run_get(run_id)
+    if run is None:
+        return "missing"
+    if run.status == S.VERIFIED:
+        return run_publish(run_id=run_id)
+    if run.status != S.STAGED:
+        return f"skipped-{run.status}"
+    warehouse = get_warehouse()
+    with log_context(run_id=run.run_id, request_id=run.request_id):
+        try:
+            run_transition(run, to=S.VERIFYING)
+        except ConflictError:
+            return "claimed-elsewhere"
+        try:
+            checks = compute_checks(run, warehouse)
+        except Exception as exc:
+            logger.warning("verification could not run: %s", exc)
+            run_transition(run, to=S.STAGED, reason=f"verification could not run: {exc}")
+            raise
+        blocking_failures = [c for c in checks if c.blocking and not c.passed]
+        with transaction.atomic():
+            now = timezone.now()
+            CheckResult.objects.filter(run=run).delete()
+            CheckResult.objects.bulk_create([
+                CheckResult(run=run, name=c.name, blocking=c.blocking, passed=c.passed, observed=c.observed,
+                            message=c.message, checked_at=now) for c in checks])
+            summary = {c.name: c.passed for c in checks}
+            if blocking_failures:
+                reason = "; ".join(f"{c.name}: {c.message}" for c in blocking_failures)
+                run_transition(run, to=S.VERIFICATION_FAILED, reason=reason[:500], data={"checks": summary},
+                               updates={"error": reason[:4000], "finished_at": now})
+                _interval_failed(run)
+                logger.warning("verification failed: %s", reason)
+                return "verification_failed"
+            expected = warehouse.current(run.job.dataset.name, run.partition_key) or ""
+            run_transition(run, to=S.VERIFIED, data={"checks": summary},
+                           updates={"expected_previous_run_id": expected})
+    return run_publish(run_id=run_id)
+
+
+def run_publish(*, run_id: str, actor=None) -> str:
+    """Switch the pointer by compare-and-set, then mirror it in the metadata.
+
+    The warehouse switch is the truth and is idempotent from here: if the pointer
+    already names this run (a crash between the two steps), only the mirror is done.
+    """
+    run = run_get(run_id)
+    if run is None or run.status != S.VERIFIED:
+        return f"skipped-{run.status if run else 'missing'}"
+    warehouse = get_warehouse()
+    dataset = run.job.dataset
+    expected = run.expected_previous_run_id or None
+    with log_context(run_id=run.run_id, request_id=run.request_id):
+        current = warehouse.current(dataset.name, run.partition_key)
+        if current != run.run_id:
+            try:
+                warehouse.publish(spec_or_name=spec_for(dataset), partition=run.partition_key, run_id=run.run_id,
+                                  expected_run_id=expected, actor=getattr(actor, "username", "system"))
+            except PublishConflict as exc:
+                with transaction.atomic():
+                    msg = (f"publish conflict: expected {expected or 'no version'} to be current, "
+                           f"found {exc.current_run_id or 'none'}; nothing was overwritten")
+                    run_transition(run, to=S.FAILED, reason=msg, updates={"error": msg, "finished_at": timezone.now()})
+                    _interval_failed(run)
+                logger.warning(msg)
+                return "conflict"
+        with transaction.atomic():
+            version = Version.objects.get(run=run)
+            previous_version = Version.objects.filter(run__run_id=expected).select_related("run").first() if expected else None
+            if previous_version is not None and previous_version.run.status == S.PUBLISHED:
+                run_transition(previous_version.run, to=S.SUPERSEDED, reason=f"superseded by {run.run_id}")
+            run_transition(run, to=S.PUBLISHED, actor=actor, updates={"finished_at": timezone.now()},
+                           data={"previous": expected, "row_count": version.row_count})
+            Publication.objects.create(dataset=dataset, partition_key=run.partition_key, version=version,
+                                       previous_version=previous_version, action=Publication.Action.PUBLISH,
+                                       actor=actor, request=run.request, published_at=timezone.now())
+            if run.interval_id:
+                run.interval.request = run.request
+                interval_transition(run.interval, to=I.PUBLISHED, data={"run_id": run.run_id})
+                enqueue("execution.dispatch_request", run.request_id, headers={"request_id": run.request_id})
+        logger.info("published %s/%s (previous %s)", dataset.name, run.partition_key, expected)
+    return "published"

@@ -1,0 +1,38 @@
+"""Celery tasks: take ids, re-read state, call one service. Safe to run twice."""
+from __future__ import annotations
+
+from celery import shared_task
+
+from backfill_portal.execution.queue import outbox_resend
+from backfill_portal.execution.services.dispatch import dispatch_all, runs_resend_stale
+from backfill_portal.execution.services.dispatch import dispatch_request as dispatch_request_service
+from backfill_portal.execution.services.runs import attempts_sweep_lost, run_execute
+from backfill_portal.execution.services.schedule import schedule_production as schedule_production_service
+from backfill_portal.execution.services.verify import run_verify
+
+
+@shared_task(name="execution.dispatch_request", acks_late=True)
+def dispatch_request(request_id: int) -> int:
+    return dispatch_request_service(request_id=request_id)
+
+
+@shared_task(name="execution.execute_run", bind=True, acks_late=True)
+def execute_run(self, run_id: str) -> str:
+    return run_execute(run_id=run_id, worker=self.request.hostname or "")
+
+
+@shared_task(name="execution.verify_run", acks_late=True)
+def verify_run(run_id: str) -> str:
+    return run_verify(run_id=run_id)
+
+
+@shared_task(name="execution.sweep")
+def sweep() -> dict:
+    """Lost attempts, unsent outbox rows, running requests with free slots."""
+    return {"lost": attempts_sweep_lost(), "resent": outbox_resend(), "stale_runs": runs_resend_stale(),
+            "dispatched": dispatch_all()}
+
+
+@shared_task(name="execution.schedule_production")
+def schedule_production() -> list[str]:
+    return schedule_production_service()

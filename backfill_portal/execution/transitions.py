@@ -1,0 +1,47 @@
+"""Allowed edges of the run and attempt lifecycles. No other code assigns `.status`."""
+from __future__ import annotations
+
+from backfill_portal.core.transitions import apply_transition
+from backfill_portal.execution.choices import AttemptStatus as A
+from backfill_portal.execution.choices import RunStatus as R
+from backfill_portal.execution.models import Attempt, Run
+
+RUN_EDGES: dict[str, frozenset[str]] = {
+    R.QUEUED: frozenset({R.RUNNING, R.CANCELLED}),
+    R.RUNNING: frozenset({R.STAGED, R.FAILED, R.CANCELLED, R.QUEUED}),
+    R.STAGED: frozenset({R.VERIFYING, R.CANCELLED, R.FAILED}),
+    R.VERIFYING: frozenset({R.VERIFIED, R.VERIFICATION_FAILED, R.CANCELLED, R.STAGED}),
+    R.VERIFIED: frozenset({R.PUBLISHED, R.CANCELLED, R.FAILED}),
+    R.PUBLISHED: frozenset({R.SUPERSEDED, R.ROLLED_BACK}),
+    R.FAILED: frozenset({R.QUEUED, R.CANCELLED}),
+    R.VERIFICATION_FAILED: frozenset(),
+    R.CANCELLED: frozenset(),
+    R.SUPERSEDED: frozenset({R.PUBLISHED}),
+    R.ROLLED_BACK: frozenset({R.PUBLISHED}),
+}
+RUN_TERMINAL = frozenset({R.PUBLISHED, R.VERIFICATION_FAILED, R.CANCELLED, R.SUPERSEDED, R.ROLLED_BACK})
+RUN_ACTIVE = frozenset({R.QUEUED, R.RUNNING, R.STAGED, R.VERIFYING, R.VERIFIED})
+
+ATTEMPT_EDGES: dict[str, frozenset[str]] = {
+    A.RUNNING: frozenset({A.SUCCEEDED, A.FAILED, A.LOST}),
+    A.SUCCEEDED: frozenset(),
+    A.FAILED: frozenset(),
+    A.LOST: frozenset(),
+}
+
+
+def run_transition(run: Run, *, to: str, actor=None, reason: str = "", updates: dict | None = None,
+                   data: dict | None = None) -> Run:
+    return apply_transition(
+        instance=run, to=to, edges=RUN_EDGES, actor=actor, object_type="run", request_id=run.request_id,
+        dataset=run.job.dataset.name, reason=reason, updates=updates,
+        data={"run_id": run.run_id, "partition": run.partition_key, **(data or {})},
+    )
+
+
+def attempt_transition(attempt: Attempt, *, to: str, actor=None, reason: str = "", updates: dict | None = None) -> Attempt:
+    return apply_transition(
+        instance=attempt, to=to, edges=ATTEMPT_EDGES, actor=actor, object_type="attempt",
+        request_id=attempt.run.request_id, reason=reason, updates=updates,
+        data={"run_id": attempt.run.run_id, "attempt_no": attempt.attempt_no},
+    )

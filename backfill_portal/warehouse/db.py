@@ -1,0 +1,243 @@
+"""Low-level connection to the warehouse database named by WAREHOUSE_URL.
+
+Two dialects: `sqlite` (the embedded default, a file beside the metadata database) and
+`postgresql` (psycopg 3). Everything above this module speaks through `WarehouseDB`:
+`execute`, `executemany`, `bulk_insert`, `query`, `stream`, `transaction()`, and
+`ts(dt)` to turn an aware datetime into the dialect's parameter value. Timestamps are
+stored in UTC: SQLite keeps them as text `YYYY-MM-DD HH:MM:SS` (which sorts and
+compares correctly), PostgreSQL as `timestamptz`.
+"""
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from datetime import datetime, timezone
+from urllib.parse import unquote, urlparse
+
+from backfill_portal.core.errors import ValidationError
+
+SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+class WarehouseUnavailable(Exception):
+    """The warehouse refused the connection or the statement could not run."""
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """Return (dialect, target): a file path for sqlite, a conninfo for postgresql."""
+    parsed = urlparse(url)
+    scheme = parsed.scheme.split("+")[0]
+    if scheme == "sqlite":
+        # As dj-database-url reads them: sqlite:////abs/path, sqlite:///relative/path
+        path = unquote(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else ""
+        return "sqlite", path or ":memory:"
+    if scheme in {"postgres", "postgresql", "pgsql"}:
+        return "postgresql", url.replace(parsed.scheme + "://", "postgresql://", 1)
+    raise ValidationError(f"unsupported warehouse URL scheme {parsed.scheme!r}", field="WAREHOUSE_URL")
+
+
+class WarehouseDB:
+    """One connection per thread per URL. Not shared across processes."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.dialect, self.target = parse_url(url)
+        self._local = threading.local()
+
+    # -- connection management -------------------------------------------------
+    def _connect(self):
+        try:
+            if self.dialect == "sqlite":
+                conn = sqlite3.connect(self.target, timeout=30, isolation_level=None, check_same_thread=False)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA busy_timeout=30000")
+                return conn
+            import psycopg
+
+            return psycopg.connect(self.target, autocommit=True)
+        except Exception as exc:
+            raise WarehouseUnavailable(f"cannot connect to the warehouse: {exc}") from exc
+
+    @property
+    def conn(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+            self._local.depth = 0
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+            self._local.conn = None
+
+    @property
+    def placeholder(self) -> str:
+        return "?" if self.dialect == "sqlite" else "%s"
+
+    def sql(self, statement: str) -> str:
+        """Statements are written with `?` placeholders; PostgreSQL gets `%s`."""
+        if self.dialect == "sqlite":
+            return statement
+        return statement.replace("%", "%%").replace("?", "%s")
+
+    # -- statements -------------------------------------------------------------
+    def execute(self, statement: str, params: tuple | list = ()) -> int:
+        try:
+            cur = self.conn.execute(self.sql(statement), tuple(params))
+            return cur.rowcount
+        except WarehouseUnavailable:
+            raise
+        except Exception as exc:
+            self._reraise(exc)
+
+    def executemany(self, statement: str, rows) -> None:
+        try:
+            if self.dialect == "sqlite":
+                self.conn.executemany(statement, rows)
+            else:
+                with self.conn.cursor() as cur:
+                    cur.executemany(self.sql(statement), rows)
+        except Exception as exc:
+            self._reraise(exc)
+
+    def query(self, statement: str, params: tuple | list = ()) -> list[tuple]:
+        try:
+            cur = self.conn.execute(self.sql(statement), tuple(params))
+            return list(cur.fetchall())
+        except Exception as exc:
+            self._reraise(exc)
+
+    def stream(self, statement: str, params: tuple | list = (), *, batch_size: int = 4096):
+        """Yield the result in lists of at most `batch_size` rows, so that reading a
+        large version does not hold all of it in memory at once."""
+        try:
+            cur = self.conn.execute(self.sql(statement), tuple(params))
+            while batch := cur.fetchmany(batch_size):
+                yield batch
+        except Exception as exc:
+            self._reraise(exc)
+
+    def bulk_insert(self, table: str, columns: list[str], rows: list[tuple]) -> None:
+        """Insert many rows into `table` (identifiers already quoted by the caller).
+        PostgreSQL uses COPY, several times faster than a batched INSERT; SQLite has
+        no COPY and its executemany is already a tight loop in C."""
+        if not rows:
+            return
+        try:
+            if self.dialect == "sqlite":
+                marks = ", ".join("?" * len(columns))
+                self.conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+            else:
+                with self.conn.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+        except Exception as exc:
+            self._reraise(exc)
+
+    def query_dicts(self, statement: str, params: tuple | list = ()) -> list[dict]:
+        try:
+            cur = self.conn.execute(self.sql(statement), tuple(params))
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row)) for row in cur.fetchall()]
+        except Exception as exc:
+            self._reraise(exc)
+
+    def columns_of(self, select_sql: str) -> list[str]:
+        """The output column names of a SELECT, without reading its rows."""
+        try:
+            cur = self.conn.execute(f"SELECT * FROM ({select_sql}) AS q LIMIT 0")
+            return [d[0] for d in cur.description]
+        except Exception as exc:
+            self._reraise(exc)
+
+    def _reraise(self, exc: Exception):
+        import psycopg
+
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            self.close()
+            raise WarehouseUnavailable(str(exc)) from exc
+        raise exc
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """A write transaction. SQLite takes the write lock at BEGIN (IMMEDIATE) so
+        two writers queue on the busy timeout instead of deadlocking on upgrade."""
+        conn = self.conn
+        depth = getattr(self._local, "depth", 0)
+        if depth:
+            self._local.depth = depth + 1
+            try:
+                yield self
+            finally:
+                self._local.depth = depth
+            return
+        self._local.depth = 1
+        try:
+            if self.dialect == "sqlite":
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                else:
+                    conn.execute("COMMIT")
+            else:
+                with conn.transaction():
+                    yield self
+        finally:
+            self._local.depth = 0
+
+    # -- values -----------------------------------------------------------------
+    def ts(self, value: datetime):
+        """An aware datetime as this dialect stores it (UTC)."""
+        if value.tzinfo is None:
+            raise ValueError("warehouse timestamps must be timezone-aware")
+        value = value.astimezone(timezone.utc)
+        if self.dialect == "sqlite":
+            return value.strftime(SQLITE_TS_FORMAT)
+        return value
+
+    def ts_literal(self, value: datetime) -> str:
+        """An aware datetime as a SQL literal, for rendered templates."""
+        if value.tzinfo is None:
+            # astimezone() would silently read a naive value as the server's local time.
+            raise ValueError("warehouse timestamps must be timezone-aware")
+        value = value.astimezone(timezone.utc)
+        if self.dialect == "sqlite":
+            return "'" + value.strftime(SQLITE_TS_FORMAT) + "'"
+        return "TIMESTAMPTZ '" + value.strftime(SQLITE_TS_FORMAT) + "+00'"
+
+    def table_exists(self, name: str) -> bool:
+        if self.dialect == "sqlite":
+            rows = self.query("SELECT 1 FROM sqlite_master WHERE name = ? AND type IN ('table', 'view')", (name,))
+        else:
+            # Only relations on the search path: a same-named table in another schema
+            # is not the one an unqualified statement would reach.
+            rows = self.query(
+                "SELECT 1 FROM pg_catalog.pg_class WHERE relname = ? AND relkind IN ('r', 'v', 'p')"
+                " AND pg_catalog.pg_table_is_visible(oid)",
+                (name,),
+            )
+        return bool(rows)
+
+
+_instances: dict[str, WarehouseDB] = {}
+_lock = threading.Lock()
+
+
+def get_warehouse_db(url: str | None = None) -> WarehouseDB:
+    from django.conf import settings
+
+    url = url or settings.WAREHOUSE_URL
+    with _lock:
+        db = _instances.get(url)
+        if db is None:
+            db = _instances[url] = WarehouseDB(url)
+        return db

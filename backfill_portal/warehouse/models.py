@@ -1,0 +1,71 @@
+"""The metadata mirror of the warehouse: versions, publications and consumption.
+
+The warehouse itself holds the truth for visibility (the current pointer); these
+rows record who published what, when, replacing which version, and who read it.
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Version(models.Model):
+    """The isolated output of one run for one partition."""
+
+    run = models.OneToOneField("execution.Run", on_delete=models.PROTECT, related_name="version")
+    dataset = models.ForeignKey("catalog.Dataset", on_delete=models.PROTECT, related_name="versions")
+    partition_key = models.CharField(max_length=40)
+    row_count = models.BigIntegerField()
+    fingerprint = models.CharField(max_length=64)
+    committed_attempt = models.PositiveIntegerField()
+    committed_at = models.DateTimeField()
+    purged_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["dataset", "partition_key", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.dataset.name}/{self.partition_key}@{self.run.run_id}"
+
+
+class Publication(models.Model):
+    """One move of the current pointer of (dataset, partition): a publish or a rollback."""
+
+    class Action(models.TextChoices):
+        PUBLISH = "publish"
+        ROLLBACK = "rollback"
+
+    dataset = models.ForeignKey("catalog.Dataset", on_delete=models.PROTECT, related_name="publications")
+    partition_key = models.CharField(max_length=40)
+    version = models.ForeignKey(Version, on_delete=models.PROTECT, related_name="publications")
+    previous_version = models.ForeignKey(Version, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    action = models.CharField(max_length=8, choices=Action.choices, default=Action.PUBLISH)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    request = models.ForeignKey("backfills.BackfillRequest", null=True, blank=True, on_delete=models.PROTECT, related_name="publications")
+    published_at = models.DateTimeField()
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["dataset", "partition_key", "id"]), models.Index(fields=["request", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.dataset.name}/{self.partition_key} -> {self.version.run.run_id}"
+
+
+class Consumption(models.Model):
+    """Run R read version V of (dataset, partition), pinned at run start.
+    For a source (not versioned) the input watermark is recorded instead of a version."""
+
+    run = models.ForeignKey("execution.Run", on_delete=models.CASCADE, related_name="consumptions")
+    dataset = models.ForeignKey("catalog.Dataset", on_delete=models.PROTECT, related_name="+")
+    partition_key = models.CharField(max_length=40)
+    version = models.ForeignKey(Version, null=True, blank=True, on_delete=models.PROTECT, related_name="consumers")
+    watermark = models.JSONField(default=dict, blank=True)
+    pinned_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["run", "dataset", "partition_key"], name="consumption_once_per_input")]
+        indexes = [models.Index(fields=["dataset", "partition_key"])]

@@ -1,0 +1,36 @@
+"""The process's warehouse: the adapter for WAREHOUSE_URL and dataset specs from the catalog."""
+from __future__ import annotations
+
+import threading
+
+from backfill_portal.catalog.models import Dataset
+from backfill_portal.warehouse.adapter import ColumnSpec, DatasetSpec, Warehouse
+from backfill_portal.warehouse.db import get_warehouse_db
+
+_ready: set[str] = set()
+_lock = threading.Lock()
+
+
+def get_warehouse(url: str | None = None) -> Warehouse:
+    db = get_warehouse_db(url)
+    warehouse = Warehouse(db)
+    if db.url not in _ready:
+        with _lock:
+            if db.url not in _ready:
+                warehouse.ensure_meta()
+                _ready.add(db.url)
+    return warehouse
+
+
+def spec_for(dataset: Dataset) -> DatasetSpec:
+    return DatasetSpec(
+        name=dataset.name,
+        columns=tuple(ColumnSpec(name=c["name"], type=c["type"]) for c in dataset.columns),
+        business_key=tuple(dataset.business_key),
+        core_measure=dataset.core_measure or "",
+    )
+
+
+def reset_warehouse_cache() -> None:
+    """Tests point WAREHOUSE_URL at a fresh database."""
+    _ready.clear()

@@ -1,0 +1,327 @@
+"""Shared fixtures: named personas (as Healthchecks' alice/bob/charlie) and a small catalog."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from django.contrib.auth.models import Group, User
+from rest_framework.test import APIClient
+
+from backfill_portal.catalog.services.sync import catalog_sync
+from backfill_portal.core.roles import Role
+
+PERSONAS = {
+    "alice": [Role.REQUESTER],
+    "olivia": [Role.OWNER, Role.REQUESTER],
+    "sam": [Role.OWNER, Role.REQUESTER],
+    "rita": [Role.OWNER],
+    "finn": [Role.OWNER],
+    "oscar": [Role.ONCALL],
+    "audrey": [Role.AUDITOR],
+    "outsider": [],
+}
+
+TEST_CATALOG = textwrap.dedent(
+    """
+    version: 1
+    teams:
+      - {name: ingestion}
+      - {name: core-data}
+      - {name: analytics}
+      - {name: finance}
+    pools:
+      - {name: warehouse, slots: 8, reserved_for_production: 2}
+    datasets:
+      - name: ods_order_events
+        source: true
+        owner: olivia
+        team: ingestion
+        timezone: Asia/Shanghai
+        grain: day
+        time_column: event_time
+        business_key: [event_id]
+        core_measure: amount
+        columns:
+          - {name: event_id, type: text}
+          - {name: order_id, type: text}
+          - {name: item_id, type: text}
+          - {name: customer_id, type: text}
+          - {name: category, type: text}
+          - {name: amount, type: numeric}
+          - {name: status, type: text}
+          - {name: event_time, type: timestamp}
+          - {name: updated_at, type: timestamp}
+          - {name: ingested_at, type: timestamp}
+      - name: dwd_order_items
+        owner: olivia
+        team: core-data
+        timezone: Asia/Shanghai
+        grain: day
+        business_key: [order_id, item_id]
+        core_measure: amount
+        columns:
+          - {name: order_id, type: text}
+          - {name: item_id, type: text}
+          - {name: category, type: text}
+          - {name: amount, type: numeric}
+      - name: dwd_order_items_py
+        owner: olivia
+        team: core-data
+        timezone: Asia/Shanghai
+        grain: day
+        business_key: [order_id, item_id]
+        core_measure: amount
+        columns:
+          - {name: order_id, type: text}
+          - {name: item_id, type: text}
+          - {name: category, type: text}
+          - {name: amount, type: numeric}
+      - name: dws_sales_daily
+        owner: sam
+        team: analytics
+        timezone: Asia/Shanghai
+        grain: day
+        business_key: [ds, category]
+        core_measure: gmv
+        columns:
+          - {name: ds, type: text}
+          - {name: category, type: text}
+          - {name: gmv, type: numeric}
+      - name: notify_finance
+        owner: finn
+        team: finance
+        timezone: Asia/Shanghai
+        grain: day
+        business_key: [idempotency_key]
+        columns:
+          - {name: ds, type: text}
+          - {name: channel, type: text}
+          - {name: message, type: text}
+          - {name: idempotency_key, type: text}
+      - name: page_views_hourly
+        owner: olivia
+        team: core-data
+        timezone: America/New_York
+        grain: hour
+        business_key: [page]
+        columns:
+          - {name: page, type: text}
+          - {name: views, type: integer}
+      - name: monthly_summary
+        owner: rita
+        team: finance
+        timezone: Europe/London
+        grain: month
+        business_key: [category]
+        columns:
+          - {name: category, type: text}
+          - {name: gmv, type: numeric}
+    jobs:
+      - name: dwd_order_items
+        produces: dwd_order_items
+        reads: [ods_order_events]
+        kind: sql
+        pool: warehouse
+        sql: |
+          SELECT order_id, item_id, category, amount FROM (
+            SELECT e.*, ROW_NUMBER() OVER (PARTITION BY order_id, item_id ORDER BY updated_at DESC, event_id DESC) AS rn
+            FROM {{ ref('ods_order_events') }} AS e WHERE item_id IS NOT NULL
+          ) AS latest WHERE rn = 1
+      - name: dws_sales_daily
+        produces: dws_sales_daily
+        reads: [dwd_order_items]
+        kind: sql
+        pool: warehouse
+        sql: |
+          SELECT {{ partition_key }} AS ds, category, ROUND(CAST(SUM(amount) AS NUMERIC), 2) AS gmv
+          FROM {{ ref('dwd_order_items') }} AS d GROUP BY category
+      - name: notify_finance
+        produces: notify_finance
+        reads: [dws_sales_daily]
+        kind: side_effect
+        pool: warehouse
+        side_effect: {channel: finance-email}
+      - name: dwd_order_items_py
+        produces: dwd_order_items_py
+        reads: [ods_order_events]
+        kind: python
+        pool: warehouse
+        max_attempts: 3
+        callable: tests.execution.jobs.order_items
+      - name: page_views_hourly
+        produces: page_views_hourly
+        reads: []
+        kind: sql
+        pool: warehouse
+        sql: "SELECT 'home' AS page, 1 AS views"
+      - name: monthly_summary
+        produces: monthly_summary
+        reads: [dws_sales_daily]
+        kind: sql
+        pool: warehouse
+        sql: "SELECT category, SUM(gmv) AS gmv FROM {{ ref('dws_sales_daily') }} AS s GROUP BY category"
+    """
+)
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    # PBKDF2's deliberate slowness costs seconds per persona; tests need no strength.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def make_user(username: str, roles) -> User:
+    user = User.objects.create_user(username=username, password="pw-" + username, email=f"{username}@example.com")
+    for role in roles:
+        group, _ = Group.objects.get_or_create(name=role)
+        user.groups.add(group)
+    return user
+
+
+@pytest.fixture
+def personas(db) -> dict[str, User]:
+    users = {name: make_user(name, roles) for name, roles in PERSONAS.items()}
+    users["admin"] = User.objects.create_superuser("admin", "admin@example.com", "pw-admin")
+    return users
+
+
+@pytest.fixture
+def alice(personas):
+    return personas["alice"]
+
+
+@pytest.fixture
+def olivia(personas):
+    return personas["olivia"]
+
+
+@pytest.fixture
+def sam(personas):
+    return personas["sam"]
+
+
+@pytest.fixture
+def oscar(personas):
+    return personas["oscar"]
+
+
+@pytest.fixture
+def audrey(personas):
+    return personas["audrey"]
+
+
+@pytest.fixture
+def catalog(personas):
+    return catalog_sync(text=TEST_CATALOG)
+
+
+@pytest.fixture
+def api(personas):
+    """api('alice') -> an APIClient logged in as that persona."""
+
+    def client_for(name: str) -> APIClient:
+        client = APIClient()
+        client.force_authenticate(personas[name])
+        return client
+
+    return client_for
+
+
+# --- The warehouse: a fresh one per test (a SQLite file, or a throwaway PostgreSQL
+# database when WAREHOUSE_URL names PostgreSQL, as in CI's second pass).
+
+def _pg_url_with_db(url: str, dbname: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
+
+
+@pytest.fixture
+def warehouse_url(settings, tmp_path):
+    import os
+    import uuid
+
+    from backfill_portal.warehouse.db import get_warehouse_db
+    from backfill_portal.warehouse.registry import reset_warehouse_cache
+
+    base = os.environ.get("WAREHOUSE_URL", "")
+    dropper = None
+    if base.startswith("postgres"):
+        import psycopg
+
+        name = f"bfwh_{uuid.uuid4().hex[:12]}"
+        admin_url = _pg_url_with_db(base, "postgres")
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        url = _pg_url_with_db(base, name)
+
+        def dropper():
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    else:
+        url = f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
+    settings.WAREHOUSE_URL = url
+    reset_warehouse_cache()
+    yield url
+    get_warehouse_db(url).close()
+    reset_warehouse_cache()
+    if dropper:
+        dropper()
+
+
+@pytest.fixture
+def warehouse(warehouse_url):
+    from backfill_portal.warehouse.registry import get_warehouse
+
+    return get_warehouse(warehouse_url)
+
+
+@pytest.fixture
+def demo_sources(warehouse):
+    """Small, deterministic source data for 2022-09-28 .. 2022-10-08."""
+    from datetime import date
+
+    from backfill_portal.warehouse.demo_data import load_demo_sources
+
+    return load_demo_sources(warehouse.db, first=date(2022, 9, 28), last=date(2022, 10, 8),
+                             orders_per_day=150, page_views_per_hour=20)
+
+
+class TaskQueue:
+    """Stands in for the broker: collects what the outbox sends, and runs it in order
+    with Celery's own `apply` (the real task functions, executed in this process)."""
+
+    def __init__(self):
+        from collections import deque
+
+        self.sent = deque()
+        self.ran: list[tuple[str, list, object]] = []
+
+    def publish(self, task, args, headers, queue):
+        self.sent.append((task, list(args), dict(headers), queue))
+
+    def drain(self, *, limit: int = 5000, skip=lambda task, args: False) -> list:
+        """Run queued tasks in order (and what they enqueue) until none is left.
+        Tasks for which `skip` is true stay queued, as undelivered messages would."""
+        from backfill_portal.celery import app
+        import backfill_portal.execution.tasks  # noqa: F401  (registers the tasks)
+
+        done, kept = [], []
+        while self.sent and len(done) < limit:
+            task, args, headers, queue = self.sent.popleft()
+            if skip(task, args):
+                kept.append((task, args, headers, queue))
+                continue
+            result = app.tasks[task].apply(args=args, headers=headers, throw=True).get()
+            done.append((task, args, result))
+        self.sent.extendleft(reversed(kept))
+        self.ran.extend(done)
+        return done
+
+
+@pytest.fixture
+def task_queue(monkeypatch):
+    queue = TaskQueue()
+    monkeypatch.setattr("backfill_portal.execution.queue._publish", queue.publish)
+    return queue

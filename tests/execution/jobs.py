@@ -1,0 +1,33 @@
+"""Python callables used by the test catalog's python jobs."""
+from __future__ import annotations
+
+CRASH = {"after_fraction": None, "times": 0}
+
+
+def order_items(context):
+    """Latest version per (order_id, item_id), like the SQL job, in Python.
+    CRASH makes the first attempts die part-way through, after writing rows."""
+    rows = context.read("ods_order_events")
+    latest: dict = {}
+    for r in rows:
+        if r["item_id"] is None:
+            continue
+        key = (r["order_id"], r["item_id"])
+        rank = (str(r["updated_at"]), r["event_id"])
+        if key not in latest or rank > latest[key][0]:
+            latest[key] = (rank, r)
+    out = [{"order_id": r["order_id"], "item_id": r["item_id"], "category": r["category"], "amount": r["amount"]}
+           for _, r in sorted(latest.values(), key=lambda x: (x[1]["order_id"], x[1]["item_id"]))]
+    limit = None
+    if CRASH["times"] > 0 and CRASH["after_fraction"] is not None:
+        CRASH["times"] -= 1
+        limit = int(len(out) * CRASH["after_fraction"])
+    for i, row in enumerate(out):
+        if limit is not None and i == limit:
+            raise RuntimeError(f"worker died after writing {i} of {len(out)} rows")
+        yield row
+
+
+def broken(context):
+    raise ValueError("the callable raises")
+    yield  # pragma: no cover

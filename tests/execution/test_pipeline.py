@@ -1,0 +1,336 @@
+"""The data plane end to end: approved request -> runs -> staged versions -> checks ->
+atomic publication; and the faults of DESIGN.md's invariants 1-6."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from backfill_portal.backfills.choices import IntervalStatus, RequestStatus
+from backfill_portal.backfills.models import Interval
+from backfill_portal.backfills.services.requests import (
+    backfill_request_cancel,
+    backfill_request_create,
+    backfill_request_decide,
+    backfill_request_submit,
+)
+from backfill_portal.catalog.models import Job
+from backfill_portal.core.models import AuditEvent
+from backfill_portal.execution.choices import AttemptStatus, RunStatus
+from backfill_portal.execution.models import Attempt, CheckResult, Delivery, Run
+from backfill_portal.execution.services import runs as runs_service
+from backfill_portal.execution.services.dispatch import dispatch_all, request_pause, request_resume, request_retry_failed
+from backfill_portal.warehouse.models import Consumption, Publication, Version
+from backfill_portal.warehouse.registry import spec_for
+from tests.execution import jobs as test_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def approved_request(personas, job="dwd_order_items", start="2022-10-01", end="2022-10-03", requester="alice",
+                     approver="olivia", **kwargs):
+    request, _ = backfill_request_create(actor=personas[requester], job=job, start=start, end=end,
+                                         reason="bug 4711 fixed", **kwargs)
+    backfill_request_submit(actor=personas[requester], request_id=request.pk, confirm_overlap=True)
+    backfill_request_decide(actor=personas[approver], request_id=request.pk, approve=True)
+    for step in request.approval_steps.filter(status="pending").select_related("approver"):
+        backfill_request_decide(actor=step.approver or personas["admin"], request_id=request.pk, approve=True)
+    request.refresh_from_db()
+    return request
+
+
+def expected_latest_items(warehouse, run):
+    """What dwd_order_items must hold for an interval, computed independently."""
+    rows = warehouse.db.query_dicts(
+        "SELECT * FROM ods_order_events WHERE event_time >= ? AND event_time < ?",
+        (warehouse.db.ts(run.data_interval_start), warehouse.db.ts(run.data_interval_end)))
+    latest = {}
+    for r in rows:
+        if r["item_id"] is None:
+            continue
+        key = (r["order_id"], r["item_id"])
+        rank = (str(r["updated_at"]), r["event_id"])
+        if key not in latest or rank > latest[key][0]:
+            latest[key] = (rank, r)
+    return {k: round(float(v[1]["amount"]), 2) for k, v in latest.items()}
+
+
+def published_rows(warehouse, dataset, partition):
+    return warehouse.read_partition(dataset, partition)
+
+
+@pytest.fixture
+def ready(catalog, demo_sources, task_queue, warehouse):
+    return task_queue
+
+
+def test_approved_request_publishes_every_interval_with_exactly_the_expected_rows(personas, ready, warehouse):
+    request = approved_request(personas)
+    assert request.status == RequestStatus.RUNNING
+    ready.drain()
+    request.refresh_from_db()
+    assert request.status == RequestStatus.RECONCILING
+    assert set(Interval.objects.filter(request=request).values_list("status", flat=True)) == {IntervalStatus.PUBLISHED}
+    for run in Run.objects.filter(request=request):
+        assert run.status == RunStatus.PUBLISHED
+        rows = published_rows(warehouse, "dwd_order_items", run.partition_key)
+        expected = expected_latest_items(warehouse, run)
+        assert len(rows) == len(expected) > 0
+        assert {(r["order_id"], r["item_id"]) for r in rows} == set(expected)
+        assert {r["_run_id"] for r in rows} == {run.run_id}
+        assert warehouse.current("dwd_order_items", run.partition_key) == run.run_id
+        assert Publication.objects.filter(version__run=run).count() == 1
+        watermark = Consumption.objects.get(run=run, dataset__name="ods_order_events").watermark
+        assert watermark["row_count"] > 0 and watermark["max_ingested_at"]
+        checks = {c.name: c.passed for c in CheckResult.objects.filter(run=run)}
+        assert checks["unique_business_key"] and checks["no_null_business_key"] and checks["row_count_positive"]
+    # Every run transition is in the audit log, with the run id.
+    actions = set(AuditEvent.objects.filter(request_id=request.pk).values_list("action", flat=True))
+    assert {"run.created", "run.running", "run.staged", "run.verifying", "run.verified", "run.published"} <= actions
+
+
+def test_rerun_ten_times_never_changes_the_published_fingerprint(personas, ready, warehouse):
+    fingerprints, counts = set(), set()
+    for i in range(10):
+        request = approved_request(personas, start="2022-10-02", end="2022-10-02")
+        ready.drain()
+        run = Run.objects.get(request=request)
+        assert run.status == RunStatus.PUBLISHED, run.error
+        version = Version.objects.get(run=run)
+        fingerprints.add(version.fingerprint)
+        counts.add(version.row_count)
+        assert len(published_rows(warehouse, "dwd_order_items", "2022-10-02")) == version.row_count
+    assert len(fingerprints) == 1 and len(counts) == 1
+    # History is serial: each publication replaced the one before.
+    pubs = list(Publication.objects.filter(dataset__name="dwd_order_items", partition_key="2022-10-02").order_by("id"))
+    assert len(pubs) == 10
+    assert all(p.previous_version_id == q.version_id for q, p in zip(pubs, pubs[1:]))
+    assert Run.objects.filter(status=RunStatus.SUPERSEDED).count() == 9
+
+
+def test_attempt_that_dies_after_writing_92_percent_is_retried_into_an_exact_partition(personas, ready, warehouse):
+    test_jobs.CRASH.update(after_fraction=0.92, times=1)
+    request = approved_request(personas, job="dwd_order_items_py", start="2022-10-01", end="2022-10-01")
+    ready.drain()
+    run = Run.objects.get(request=request)
+    attempts = list(Attempt.objects.filter(run=run).order_by("attempt_no"))
+    assert [a.status for a in attempts] == [AttemptStatus.FAILED, AttemptStatus.SUCCEEDED]
+    assert "worker died after writing" in attempts[0].error
+    run.refresh_from_db()
+    assert run.status == RunStatus.PUBLISHED
+    rows = published_rows(warehouse, "dwd_order_items_py", "2022-10-01")
+    expected = expected_latest_items(warehouse, run)
+    assert len(rows) == len(expected)
+    keys = [(r["order_id"], r["item_id"]) for r in rows]
+    assert len(keys) == len(set(keys))  # zero duplicate keys
+    profile = warehouse.profile(spec=spec_for(run.job.dataset), run_id=run.run_id)
+    assert profile.duplicate_keys == 0 and profile.row_count == len(expected)
+
+
+def test_committed_but_not_acknowledged_publishes_once_without_writing_again(personas, ready, warehouse, monkeypatch):
+    """The rows and marker commit, the worker dies before recording success; the sweeper
+    marks the attempt lost; the next attempt sees the marker and does not write again."""
+    request = approved_request(personas, start="2022-10-01", end="2022-10-01")
+
+    real_succeed = runs_service._attempt_succeed
+    died = []
+
+    def die_once(**kwargs):
+        if not died:
+            died.append(kwargs["attempt"].attempt_no)
+            raise SystemExit("worker killed after commit")  # not caught by the attempt's error handling
+        return real_succeed(**kwargs)
+
+    monkeypatch.setattr(runs_service, "_attempt_succeed", die_once)
+    with pytest.raises(SystemExit):
+        ready.drain()
+    run = Run.objects.get(request=request)
+    marker = warehouse.marker(run.run_id)
+    assert marker is not None and marker.attempt_no == 1
+    assert run.status == RunStatus.RUNNING
+    staged = []
+    real_execute = __import__("backfill_portal.execution.executors", fromlist=["execute"]).execute
+    monkeypatch.setattr("backfill_portal.execution.executors.execute",
+                        lambda *a, **k: staged.append(1) or real_execute(*a, **k))
+    assert runs_service.attempts_sweep_lost(now=timezone.now() + timedelta(hours=1)) == 1
+    ready.drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.PUBLISHED
+    assert staged == []  # the second attempt did not write
+    assert [a.status for a in run.attempts.order_by("attempt_no")] == [AttemptStatus.LOST, AttemptStatus.SUCCEEDED]
+    assert Publication.objects.filter(version__run=run).count() == 1
+    assert warehouse.marker(run.run_id).attempt_no == 1
+
+
+def test_stale_attempt_is_fenced_its_heartbeat_and_result_refused(personas, ready, warehouse):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-01")
+    # Run the dispatch only, then start the attempt by hand and let it go stale.
+    ready.drain(skip=lambda task, args: task == "execution.execute_run")
+    run = Run.objects.get(request=request)
+    attempt = runs_service._start_attempt(run, "stale-worker")
+    assert runs_service.attempt_heartbeat(attempt_pk=attempt.pk)
+    runs_service.attempts_sweep_lost(now=timezone.now() + timedelta(hours=1))
+    attempt.refresh_from_db()
+    assert attempt.status == AttemptStatus.LOST
+    assert runs_service.attempt_heartbeat(attempt_pk=attempt.pk) is False
+    # The stale worker wakes up having staged its rows: its success is refused.
+    from backfill_portal.execution.executors import execute
+
+    run.refresh_from_db()
+    marker = execute(run, attempt.attempt_no, warehouse)
+    run.refresh_from_db()
+    assert runs_service._attempt_succeed(attempt=attempt, run=run, marker=marker) == "fenced"
+    # The new attempt finds the marker and publishes exactly once.
+    ready.drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.PUBLISHED
+    assert Publication.objects.filter(version__run=run).count() == 1
+
+
+def test_failed_blocking_check_leaves_the_previous_version_visible(personas, ready, warehouse, catalog):
+    first = approved_request(personas, start="2022-10-01", end="2022-10-01")
+    ready.drain()
+    good = Run.objects.get(request=first)
+    before = published_rows(warehouse, "dwd_order_items", "2022-10-01")
+    # A code change that keeps every event version (append-style) duplicates keys.
+    from backfill_portal.catalog.services.sync import catalog_sync
+    from tests.conftest import TEST_CATALOG
+
+    good_start = TEST_CATALOG.index("SELECT order_id, item_id, category, amount FROM (")
+    good_end = TEST_CATALOG.index(") AS latest WHERE rn = 1\n") + len(") AS latest WHERE rn = 1\n")
+    appending = ("SELECT order_id, item_id, category, amount FROM {{ ref('ods_order_events') }} AS e "
+                 "WHERE item_id IS NOT NULL\n")
+    catalog_sync(text=TEST_CATALOG[:good_start] + appending + TEST_CATALOG[good_end:])
+    second = approved_request(personas, start="2022-10-01", end="2022-10-01")
+    ready.drain()
+    bad = Run.objects.get(request=second)
+    assert bad.status == RunStatus.VERIFICATION_FAILED
+    assert CheckResult.objects.get(run=bad, name="unique_business_key").passed is False
+    assert warehouse.current("dwd_order_items", "2022-10-01") == good.run_id
+    assert published_rows(warehouse, "dwd_order_items", "2022-10-01") == before
+    second.refresh_from_db()
+    assert second.status == RequestStatus.FAILED
+
+
+def test_side_effect_authorised_in_two_overlapping_requests_delivers_once(personas, ready, warehouse):
+    dwd = approved_request(personas, start="2022-10-01", end="2022-10-01")
+    ready.drain()
+    dws = approved_request(personas, job="dws_sales_daily", start="2022-10-01", end="2022-10-01", approver="sam")
+    ready.drain()
+    assert Run.objects.get(request=dws).status == RunStatus.PUBLISHED
+    for _ in range(2):
+        req = approved_request(personas, job="notify_finance", start="2022-10-01", end="2022-10-01",
+                               approver="finn", side_effects=["notify_finance"])
+        ready.drain()
+    assert Delivery.objects.filter(job__name="notify_finance", partition_key="2022-10-01").count() == 1
+    assert dwd.pk != req.pk
+
+
+def test_side_effect_node_is_skipped_unless_authorised(personas, ready, warehouse):
+    req = approved_request(personas, job="notify_finance", start="2022-10-01", end="2022-10-02", approver="finn")
+    ready.drain()
+    assert set(Interval.objects.filter(request=req).values_list("status", flat=True)) == {IntervalStatus.SKIPPED}
+    assert not Run.objects.filter(request=req).exists()
+    assert Delivery.objects.count() == 0
+    assert AuditEvent.objects.filter(request_id=req.pk, action="interval.skipped").count() == 2
+
+
+def test_dispatch_respects_max_active_intervals_and_job_limit(personas, ready, warehouse):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-06", max_active_intervals=2)
+    ready.drain(limit=1)  # the dispatch alone
+    assert Interval.objects.filter(request=request, status=IntervalStatus.QUEUED).count() == 2
+    Job.objects.filter(name="dwd_order_items").update(max_concurrent_runs=1)
+    other = approved_request(personas, start="2022-10-07", end="2022-10-08", max_active_intervals=4)
+    ready.drain(limit=1, skip=lambda task, args: task != "execution.dispatch_request")
+    assert Run.objects.filter(request=other).count() == 0  # the job gate is full
+    Job.objects.filter(name="dwd_order_items").update(max_concurrent_runs=4)
+    ready.drain()
+    dispatch_all()  # the sweeper's periodic dispatch picks up what the gate held back
+    ready.drain()
+    for req in (request, other):
+        req.refresh_from_db()
+        assert req.status == RequestStatus.RECONCILING
+
+
+def test_backward_strategy_runs_newest_first(personas, ready, warehouse):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-04", strategy="backward",
+                               max_active_intervals=1)
+    ready.drain()
+    order = list(Run.objects.filter(request=request).order_by("id").values_list("partition_key", flat=True))
+    assert order == ["2022-10-04", "2022-10-03", "2022-10-02", "2022-10-01"]
+
+
+def test_callable_that_raises_stops_at_max_attempts_and_the_queue_drains(personas, ready, warehouse):
+    Job.objects.filter(name="dwd_order_items_py").update(max_attempts=2)
+    test_jobs.CRASH.update(after_fraction=0.0, times=100)
+    try:
+        request = approved_request(personas, job="dwd_order_items_py", start="2022-10-01", end="2022-10-02")
+        ready.drain()
+    finally:
+        test_jobs.CRASH.update(after_fraction=None, times=0)
+    assert not ready.sent
+    request.refresh_from_db()
+    assert request.status == RequestStatus.FAILED
+    for run in Run.objects.filter(request=request):
+        assert run.status == RunStatus.FAILED and "worker died" in run.error
+        assert run.attempts.count() == 2
+        assert warehouse.current("dwd_order_items_py", run.partition_key) is None
+    # Retry: same frozen code version, new attempts; published intervals untouched.
+    request_retry_failed(actor=personas["oscar"], request_id=request.pk)
+    ready.drain()
+    request.refresh_from_db()
+    assert request.status == RequestStatus.RECONCILING
+    assert {r.attempts.count() for r in Run.objects.filter(request=request)} == {3}
+
+
+def test_pause_stops_dispatch_and_resume_continues(personas, ready, warehouse):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-04", max_active_intervals=1)
+    request_pause(actor=personas["alice"], request_id=request.pk)
+    ready.drain()
+    assert Interval.objects.filter(request=request, status=IntervalStatus.PUBLISHED).count() == 0
+    request_resume(actor=personas["oscar"], request_id=request.pk)
+    ready.drain()
+    request.refresh_from_db()
+    assert request.status == RequestStatus.RECONCILING
+    assert AuditEvent.objects.filter(request_id=request.pk, action__in=["request.pause", "request.resume"]).count() == 2
+
+
+def test_cancel_stops_queued_runs_and_nothing_becomes_visible(personas, ready, warehouse):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-03")
+    ready.drain(limit=1)  # dispatch only: runs queued
+    backfill_request_cancel(actor=personas["oscar"], request_id=request.pk, reason="wrong range")
+    ready.drain()
+    assert set(Run.objects.filter(request=request).values_list("status", flat=True)) == {RunStatus.CANCELLED}
+    assert set(Interval.objects.filter(request=request).values_list("status", flat=True)) == {IntervalStatus.CANCELLED}
+    for key in ("2022-10-01", "2022-10-02", "2022-10-03"):
+        assert warehouse.current("dwd_order_items", key) is None
+
+
+def test_template_that_fails_to_render_fails_the_attempt_with_the_error_stored(personas, ready, warehouse):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-01")
+    run_sql = "SELECT order_id FROM {{ ref('ods_order_events') }} AS e WHERE {{ undefined_variable }}"
+    from backfill_portal.catalog.models import CodeVersion
+
+    cv = CodeVersion.objects.get(pk=Interval.objects.get(request=request).code_version_id)
+    CodeVersion.objects.filter(pk=cv.pk).update(definition={**cv.definition, "sql": run_sql})
+    ready.drain()
+    run = Run.objects.get(request=request)
+    assert run.status == RunStatus.FAILED
+    assert "undefined_variable" in run.error
+    assert all(a.error for a in run.attempts.all())
+    assert warehouse.current("dwd_order_items", "2022-10-01") is None
+
+
+def test_downstream_pins_the_upstream_versions_it_read(personas, ready, warehouse):
+    approved_request(personas, start="2022-10-01", end="2022-10-01")
+    ready.drain()
+    upstream_run = Run.objects.get(job__name="dwd_order_items", status=RunStatus.PUBLISHED)
+    dws = approved_request(personas, job="dws_sales_daily", start="2022-10-01", end="2022-10-01", approver="sam")
+    ready.drain()
+    run = Run.objects.get(request=dws)
+    pin = Consumption.objects.get(run=run, dataset__name="dwd_order_items")
+    assert pin.version.run == upstream_run and pin.partition_key == "2022-10-01"
+    total = sum(r["gmv"] for r in published_rows(warehouse, "dws_sales_daily", "2022-10-01"))
+    upstream_total = sum(float(r["amount"]) for r in published_rows(warehouse, "dwd_order_items", "2022-10-01"))
+    assert round(float(total), 2) == pytest.approx(round(upstream_total, 2), abs=0.05)
