@@ -76,6 +76,15 @@ TEST_CATALOG = textwrap.dedent(
           - {name: item_id, type: text}
           - {name: category, type: text}
           - {name: amount, type: numeric}
+      - name: slow_items
+        owner: olivia
+        team: core-data
+        timezone: Asia/Shanghai
+        grain: day
+        business_key: [n]
+        columns:
+          - {name: n, type: integer}
+          - {name: label, type: text}
       - name: dws_sales_daily
         owner: sam
         team: analytics
@@ -148,6 +157,14 @@ TEST_CATALOG = textwrap.dedent(
         pool: warehouse
         max_attempts: 3
         callable: tests.execution.jobs.order_items
+      - name: slow_items
+        produces: slow_items
+        reads: []
+        kind: python
+        pool: warehouse
+        max_attempts: 3
+        heartbeat_timeout_seconds: 3
+        callable: tests.execution.jobs.slow_items
       - name: page_views_hourly
         produces: page_views_hourly
         reads: []

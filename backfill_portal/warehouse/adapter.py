@@ -52,7 +52,7 @@ COLUMN_TYPES = ("text", "integer", "numeric", "timestamp", "date", "boolean")
 
 # Physical types. PostgreSQL keeps `numeric` exact so the core measure sums the same
 # whatever the row order; SQLite has no decimal type, so REAL (and the fingerprint
-# rounds it). The PostgreSQL names are the ones information_schema reports back, so
+# rounds it). The PostgreSQL names are the ones format_type() reports back, so
 # `ensure_dataset` can compare them directly.
 _PHYSICAL_TYPES = {
     "sqlite": {
@@ -79,6 +79,7 @@ _MAX_DATASET_NAME = 40
 _MAX_COLUMN_NAME = 63
 _BOOKKEEPING_COLUMNS = ("_run_id", "_partition", "_attempt")
 _META_PREFIX = "_bf_"
+_META_TABLES = ("_bf_current", "_bf_publications", "_bf_markers")
 _ACTIONS = ("publish", "rollback")
 # Digits kept when numbers are fingerprinted: enough for money and rates, few enough
 # that the last-bit noise of float arithmetic does not change the fingerprint.
@@ -86,7 +87,8 @@ _FINGERPRINT_DECIMALS = 6
 
 
 def _identifier(name: str, *, what: str, max_length: int = _MAX_COLUMN_NAME) -> str:
-    if not isinstance(name, str) or not _IDENTIFIER.match(name) or len(name) > max_length:
+    # fullmatch: with match(), `$` would also accept a trailing newline.
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name) or len(name) > max_length:
         raise ValidationError(
             f"{what} {name!r} must match {_IDENTIFIER.pattern} and be at most {max_length} characters",
             field=what,
@@ -277,7 +279,13 @@ class Warehouse:
     # -- schema ---------------------------------------------------------------------
 
     def ensure_meta(self) -> None:
-        """Create the pointer, history and marker tables if missing. Idempotent."""
+        """Create the pointer, history and marker tables if missing. Idempotent.
+
+        Checks read-only first: callers make a fresh `Warehouse` per request, and on
+        SQLite the DDL transaction would take the database's single write lock."""
+        if all(self.db.table_exists(name) for name in _META_TABLES):
+            self._meta_ready = True
+            return
         sqlite = self.db.dialect == "sqlite"
         ts = self._physical("timestamp")
         text = self._physical("text")
@@ -302,7 +310,8 @@ class Warehouse:
                 "action" {text} NOT NULL CHECK ("action" IN ('publish', 'rollback')),
                 "actor" {text} NOT NULL,
                 "published_at" {ts} NOT NULL)""",
-            'CREATE INDEX IF NOT EXISTS "_bf_publications_partition" ON "_bf_publications" ("dataset", "partition", "id")',
+            'CREATE INDEX IF NOT EXISTS "_bf_publications_partition"'
+            ' ON "_bf_publications" ("dataset", "partition", "id")',
             f"""CREATE TABLE IF NOT EXISTS "_bf_markers" (
                 "run_id" {text} PRIMARY KEY,
                 "attempt_no" {integer} NOT NULL,
@@ -329,6 +338,9 @@ class Warehouse:
         instead of recreating it back and forth.
         """
         self._ensure_meta_once()
+        if self._dataset_is_ready(spec):  # read-only, as for ensure_meta
+            self._ready.add(spec)
+            return
         table = spec.versions_table
         with self.db.transaction():
             self._lock(f"dataset:{spec.name}")
@@ -355,12 +367,10 @@ class Warehouse:
                             field="columns",
                         )
             # Readers filter on the partition; verification, purge and fingerprints on the run.
-            self.db.execute(
-                f"CREATE INDEX IF NOT EXISTS {_quote(table + '_part_run')} ON {_quote(table)} (\"_partition\", \"_run_id\")"
-            )
-            self.db.execute(f"CREATE INDEX IF NOT EXISTS {_quote(table + '_run')} ON {_quote(table)} (\"_run_id\")")
+            for suffix, indexed in (("_part_run", '"_partition", "_run_id"'), ("_run", '"_run_id"')):
+                self.db.execute(f"CREATE INDEX IF NOT EXISTS {_quote(table + suffix)} ON {_quote(table)} ({indexed})")
 
-            data_columns = [name for name in self._columns_of(table) if name not in _BOOKKEEPING_COLUMNS]
+            data_columns = self._data_columns(table)
             if list(self._columns_of(spec.name)) != data_columns + ["_partition", "_run_id"]:
                 selected = ", ".join(f"v.{_quote(name)}" for name in data_columns)
                 # DROP + CREATE rather than CREATE OR REPLACE: PostgreSQL only lets a
@@ -661,6 +671,18 @@ class Warehouse:
         if spec not in self._ready:
             self.ensure_dataset(spec)
 
+    def _dataset_is_ready(self, spec: DatasetSpec) -> bool:
+        """Whether the versions table has every declared column with its type and the
+        view shows every data column; the indexes come with the table."""
+        present = self._columns_of(spec.versions_table)
+        if any(present.get(c.name, "").lower() != self._physical(c.type).lower() for c in spec.columns):
+            return False
+        data_columns = [name for name in present if name not in _BOOKKEEPING_COLUMNS]
+        return list(self._columns_of(spec.name)) == data_columns + ["_partition", "_run_id"]
+
+    def _data_columns(self, table: str) -> list[str]:
+        return [name for name in self._columns_of(table) if name not in _BOOKKEEPING_COLUMNS]
+
     def _physical(self, logical: str) -> str:
         return _PHYSICAL_TYPES[self.db.dialect][logical]
 
@@ -675,23 +697,24 @@ class Warehouse:
         if self.db.dialect == "sqlite":
             rows = self.db.query("SELECT type FROM sqlite_master WHERE name = ? AND type IN ('table', 'view')", (name,))
             return rows[0][0] if rows else None
-        rows = self.db.query(
-            "SELECT relkind FROM pg_catalog.pg_class WHERE relname = ? AND pg_catalog.pg_table_is_visible(oid)",
-            (name,),
-        )
+        rows = self.db.query("SELECT relkind FROM pg_catalog.pg_class WHERE oid = to_regclass(?)", (_quote(name),))
         if not rows:
             return None
-        return "view" if rows[0][0] == "v" else "table"
+        return "view" if rows[0][0] == "v" else "table"  # anything else in the way counts as a table
 
     def _columns_of(self, relation: str) -> dict[str, str]:
         """{column: physical type} of a table or view, in column order; {} if absent."""
         if self.db.dialect == "sqlite":
             rows = self.db.query("SELECT name, type FROM pragma_table_info(?) ORDER BY cid", (relation,))
         else:
+            # pg_attribute rather than information_schema: ten times faster, and
+            # to_regclass resolves the name through the search path as a statement would.
             rows = self.db.query(
-                """SELECT column_name, data_type FROM information_schema.columns
-                WHERE table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position""",
-                (relation,),
+                """SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
+                FROM pg_catalog.pg_attribute AS a
+                WHERE a.attrelid = to_regclass(?) AND a.attnum > 0 AND NOT a.attisdropped
+                ORDER BY a.attnum""",
+                (_quote(relation),),
             )
         return {name: kind for name, kind in rows}
 

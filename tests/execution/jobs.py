@@ -31,3 +31,16 @@ def order_items(context):
 def broken(context):
     raise ValueError("the callable raises")
     yield  # pragma: no cover
+
+
+SLOW_ROWS = 120
+SLOW_SECONDS_PER_ROW = 0.05
+
+
+def slow_items(context):
+    """Six seconds of work, so a test can kill or stop the worker in the middle."""
+    import time
+
+    for n in range(SLOW_ROWS):
+        time.sleep(SLOW_SECONDS_PER_ROW)
+        yield {"n": n, "label": f"{context.partition_key}-{n}"}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 from datetime import timedelta
@@ -22,6 +23,7 @@ from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.queue import enqueue
 from backfill_portal.execution.services.dispatch import enqueue_execute, enqueue_verify
 from backfill_portal.execution.transitions import attempt_transition, run_transition
+from backfill_portal.warehouse.adapter import AlreadyCommitted
 from backfill_portal.warehouse.models import Version
 from backfill_portal.warehouse.registry import get_warehouse
 
@@ -106,7 +108,7 @@ def run_execute(*, run_id: str, worker: str = "") -> str:
         return f"skipped-{run.status}"
     if run.request_id and run.request.status not in (R.RUNNING,):
         return f"request-{run.request.status}"
-    attempt = _start_attempt(run, worker or socket.gethostname())
+    attempt = _start_attempt(run, f"{worker or socket.gethostname()}:{os.getpid()}")
     if attempt is None:
         return "claimed-elsewhere"
     warehouse = get_warehouse()
@@ -122,6 +124,11 @@ def run_execute(*, run_id: str, worker: str = "") -> str:
 
                     warehouse.discard_uncommitted(spec=_spec(run), run_id=run.run_id)
                     marker = execute(run, attempt.attempt_no, warehouse, should_stop=beat.fenced.is_set)
+        except AlreadyCommitted as exc:
+            # Another attempt of this run committed while we worked (we were stale, or
+            # raced it): its rows are this run's rows; go on with its marker.
+            logger.info("attempt %s of the same run committed first", exc.marker.attempt_no)
+            marker = exc.marker
         except Exception as exc:  # the attempt fails; the policy decides what next
             logger.warning("attempt failed: %s", exc)
             return attempt_fail(attempt=attempt, run=run, error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,42 @@
+"""Shared set-up for benchmarks: a scratch metadata database (a temporary SQLite file,
+or a scratch PostgreSQL database when DATABASE_URL names PostgreSQL), migrated, with
+the demo users and catalog."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def scratch_django(name: str) -> str:
+    """Point Django at a fresh scratch database and set it up. Returns a label."""
+    base = os.environ.get("DATABASE_URL", "")
+    if base.startswith("postgres"):
+        import psycopg
+
+        admin = base.rsplit("/", 1)[0] + "/postgres"
+        db = f"bench_{name}"
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{db}"')
+        os.environ["DATABASE_URL"] = base.rsplit("/", 1)[0] + "/" + db
+        label = "PostgreSQL"
+    else:
+        tmp = tempfile.mkdtemp(prefix=f"bench_{name}_")
+        os.environ["DATABASE_URL"] = f"sqlite:///{tmp}/portal.sqlite3"
+        os.environ.setdefault("WAREHOUSE_URL", f"sqlite:///{tmp}/warehouse.sqlite3")
+        label = "SQLite"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backfill_portal.settings")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    call_command("load_demo", no_data=True, verbosity=0)
+    return label
