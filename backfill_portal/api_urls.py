@@ -1,9 +1,11 @@
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from backfill_portal.backfills.api.views import RequestViewSet
 from backfill_portal.catalog.api.views import DatasetViewSet, JobViewSet
 from backfill_portal.core.api_views import AuditEventViewSet
 from backfill_portal.execution.api.views import RunViewSet
+from backfill_portal.warehouse.api import partition_detail
 
 router = DefaultRouter()
 router.register("datasets", DatasetViewSet, basename="dataset")
@@ -12,4 +14,7 @@ router.register("requests", RequestViewSet, basename="request")
 router.register("runs", RunViewSet, basename="run")
 router.register("audit", AuditEventViewSet, basename="audit")
 
-urlpatterns = router.urls
+urlpatterns = [
+    path("datasets/<slug:name>/partitions/<str:key>/", partition_detail, name="partition-detail"),
+    *router.urls,
+]

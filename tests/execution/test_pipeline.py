@@ -334,3 +334,38 @@ def test_downstream_pins_the_upstream_versions_it_read(personas, ready, warehous
     total = sum(r["gmv"] for r in published_rows(warehouse, "dws_sales_daily", "2022-10-01"))
     upstream_total = sum(float(r["amount"]) for r in published_rows(warehouse, "dwd_order_items", "2022-10-01"))
     assert round(float(total), 2) == pytest.approx(round(upstream_total, 2), abs=0.05)
+
+
+def test_run_and_partition_api_show_attempts_checks_pins_version_and_history(personas, ready, warehouse, api):
+    approved_request(personas, start="2022-10-01", end="2022-10-01")
+    ready.drain()
+    second = approved_request(personas, start="2022-10-01", end="2022-10-01")
+    ready.drain()
+    run = Run.objects.get(request=second)
+    body = api("audrey").get(f"/api/runs/{run.run_id}/").json()
+    assert body["status"] == "published" and body["attempts"][0]["status"] == "succeeded"
+    checks = {c["name"]: c for c in body["checks"]}
+    assert checks["unique_business_key"]["observed"]["duplicate_keys"] == 0
+    assert body["pinned_inputs"][0]["dataset"] == "ods_order_events"
+    assert body["pinned_inputs"][0]["watermark"]["row_count"] > 0
+    assert body["version"]["row_count"] > 0 and len(body["version"]["fingerprint"]) >= 16
+    assert body["publications"][0]["previous_run_id"] == body["expected_previous_run_id"] != ""
+    part = api("audrey").get("/api/datasets/dwd_order_items/partitions/2022-10-01/").json()
+    assert part["current_run_id"] == run.run_id
+    assert [p["run_id"] for p in part["publications"]][:2] == [run.run_id, body["expected_previous_run_id"]]
+    assert api("audrey").get("/api/datasets/dwd_order_items/partitions/1999-01-01/").status_code == 404
+    assert api("audrey").get("/api/runs/run_nope/").status_code == 404
+
+
+def test_pause_resume_and_retry_through_the_api_with_clear_refusals(personas, ready, warehouse, api):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-02", max_active_intervals=1)
+    assert api("alice").post(f"/api/requests/{request.pk}/pause/").json()["paused"] is True
+    again = api("alice").post(f"/api/requests/{request.pk}/pause/")
+    assert again.status_code == 409 and "status" in again.json()["errors"]
+    forged = api("audrey").post(f"/api/requests/{request.pk}/resume/")
+    assert forged.status_code == 403
+    assert AuditEvent.objects.filter(request_id=request.pk, action="denied.request.resume").exists()
+    assert api("oscar").post(f"/api/requests/{request.pk}/resume/").json()["paused"] is False
+    ready.drain()
+    done = api("alice").post(f"/api/requests/{request.pk}/retry_failed/")
+    assert done.status_code == 409  # nothing failed

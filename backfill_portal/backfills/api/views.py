@@ -20,6 +20,7 @@ from backfill_portal.backfills.services.requests import (
     backfill_request_submit,
     request_get,
 )
+from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
 
 
 class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -71,3 +72,18 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         body = CommentSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         return self._detail(backfill_request_decide(actor=request.user, request_id=pk, approve=False, **body.validated_data))
+
+    @extend_schema(request=None, responses=RequestDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        return self._detail(request_pause(actor=request.user, request_id=pk))
+
+    @extend_schema(request=None, responses=RequestDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        return self._detail(request_resume(actor=request.user, request_id=pk))
+
+    @extend_schema(request=None, responses=RequestDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def retry_failed(self, request, pk=None):
+        return self._detail(request_retry_failed(actor=request.user, request_id=pk))

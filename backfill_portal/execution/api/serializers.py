@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
-from backfill_portal.execution.models import Attempt, Run
+from backfill_portal.execution.models import Attempt, CheckResult, Run
+from backfill_portal.warehouse.models import Consumption, Publication, Version
 
 
 class AttemptSerializer(serializers.ModelSerializer):
@@ -21,8 +22,59 @@ class RunSerializer(serializers.ModelSerializer):
                   "data_interval_end", "code_version", "status", "created_at", "started_at", "finished_at", "error"]
 
 
+class CheckResultSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = CheckResult
+        fields = ["name", "blocking", "passed", "observed", "message", "checked_at"]
+
+
+class ConsumptionSerializer(serializers.ModelSerializer):
+    dataset = serializers.CharField(source="dataset.name")
+    version_run_id = serializers.CharField(source="version.run.run_id", allow_null=True, default=None)
+
+    class Meta:
+        model = Consumption
+        fields = ["dataset", "partition_key", "version_run_id", "watermark", "pinned_at"]
+
+
+class VersionSerializer(serializers.ModelSerializer):
+    run_id = serializers.CharField(source="run.run_id")
+    dataset = serializers.CharField(source="dataset.name")
+
+    class Meta:
+        model = Version
+        fields = ["run_id", "dataset", "partition_key", "row_count", "fingerprint", "committed_attempt",
+                  "committed_at", "purged_at"]
+
+
+class PublicationSerializer(serializers.ModelSerializer):
+    dataset = serializers.CharField(source="dataset.name")
+    run_id = serializers.CharField(source="version.run.run_id")
+    previous_run_id = serializers.CharField(source="previous_version.run.run_id", allow_null=True, default=None)
+    actor = serializers.CharField(source="actor.username", allow_null=True, default=None)
+
+    class Meta:
+        model = Publication
+        fields = ["id", "action", "dataset", "partition_key", "run_id", "previous_run_id", "actor", "request",
+                  "published_at", "reason"]
+
+
 class RunDetailSerializer(RunSerializer):
     attempts = AttemptSerializer(many=True, read_only=True)
+    checks = CheckResultSerializer(many=True, read_only=True)
+    pinned_inputs = ConsumptionSerializer(source="consumptions", many=True, read_only=True)
+    version = serializers.SerializerMethodField()
+    publications = serializers.SerializerMethodField()
 
     class Meta(RunSerializer.Meta):
-        fields = RunSerializer.Meta.fields + ["attempts"]
+        fields = RunSerializer.Meta.fields + ["expected_previous_run_id", "output_columns", "attempts", "checks",
+                                              "pinned_inputs", "version", "publications"]
+
+    def get_version(self, obj) -> dict | None:
+        version = Version.objects.filter(run=obj).select_related("run", "dataset").first()
+        return VersionSerializer(version).data if version else None
+
+    def get_publications(self, obj) -> list[dict]:
+        pubs = Publication.objects.filter(version__run=obj).select_related(
+            "dataset", "version__run", "previous_version__run", "actor")
+        return PublicationSerializer(pubs, many=True).data

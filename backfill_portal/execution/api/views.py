@@ -11,7 +11,9 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         qs = run_list()
-        return qs.prefetch_related("attempts") if self.action == "retrieve" else qs
+        if self.action == "retrieve":
+            return qs.prefetch_related("attempts", "checks", "consumptions__dataset", "consumptions__version__run")
+        return qs
 
     def get_serializer_class(self):
         return RunDetailSerializer if self.action == "retrieve" else RunSerializer
