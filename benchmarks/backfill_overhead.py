@@ -1,0 +1,105 @@
+"""A 90-interval backfill of dwd_order_items through the portal, versus the same SQL
+run directly in a loop (delete-then-insert per partition, the "dangerous button"), in
+one run. The portal path is the worker's: dispatch, attempt, pinning, staging with the
+commit marker, verification checks, compare-and-set publication and the audit rows;
+tasks run in this process through Celery's `apply`, so broker latency is not counted
+(it overlaps with work when workers run in parallel).
+
+Prints the per-interval overhead in ms and, last, the ratio. Target: ratio <= 1.2 when
+each interval's SQL takes 50 ms or more; overhead < 10 ms per interval on
+PostgreSQL + Redis. Scale with ORDERS_PER_DAY (default 12000).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections import deque
+from datetime import date
+
+from _setup import scratch_django
+
+ORDERS = int(os.environ.get("ORDERS_PER_DAY", "12000"))
+FIRST, LAST = date(2022, 9, 1), date(2022, 11, 29)
+label = scratch_django("overhead")
+
+from django.contrib.auth.models import User  # noqa: E402
+
+from backfill_portal.backfills.planning import plan_intervals  # noqa: E402
+from backfill_portal.backfills.services.requests import (  # noqa: E402
+    backfill_request_create,
+    backfill_request_decide,
+    backfill_request_submit,
+)
+from backfill_portal.catalog.models import Job  # noqa: E402
+from backfill_portal.celery import app  # noqa: E402
+from backfill_portal.execution import queue as outbox  # noqa: E402
+from backfill_portal.execution import tasks  # noqa: E402, F401
+from backfill_portal.execution.executors import source_sql  # noqa: E402
+from backfill_portal.warehouse.demo_data import load_demo_sources  # noqa: E402
+from backfill_portal.warehouse.registry import get_warehouse  # noqa: E402
+
+warehouse = get_warehouse()
+db = warehouse.db
+t = time.perf_counter()
+load_demo_sources(db, first=FIRST, last=LAST, orders_per_day=ORDERS)
+print(f"{label} warehouse ({db.dialect}): source data loaded in {time.perf_counter() - t:.1f}s, {ORDERS} orders/day")
+
+job = Job.objects.select_related("dataset", "current_code_version").get(name="dwd_order_items")
+template = job.current_code_version.definition["sql"]
+intervals = plan_intervals(grain="day", timezone=job.dataset.timezone, first=FIRST.isoformat(), last=LAST.isoformat())
+assert len(intervals) == 90
+columns = ", ".join(f'"{c["name"]}"' for c in job.dataset.columns)
+db.execute(f'CREATE TABLE IF NOT EXISTS direct_dwd_order_items AS SELECT {columns}, '
+           f"'' AS ds FROM dwd_order_items__versions WHERE 1 = 0")
+
+
+class Interval:
+    def __init__(self, iv):
+        self.data_interval_start, self.data_interval_end = iv.start, iv.end
+
+
+def direct() -> float:
+    """The same SQL per interval, delete-then-insert into a plain table, no governance."""
+    t0 = time.perf_counter()
+    for iv in intervals:
+        source = source_sql(warehouse, job.upstreams.get(), Interval(iv))
+        sql = template.replace("{{ ref('ods_order_events') }}", source)
+        with db.transaction():
+            db.execute("DELETE FROM direct_dwd_order_items WHERE ds = ?", (iv.partition_key,))
+            db.execute(f"INSERT INTO direct_dwd_order_items SELECT {columns}, ? AS ds FROM ({sql}) AS q",
+                       (iv.partition_key,))
+    return time.perf_counter() - t0
+
+
+sent: deque = deque()
+outbox._publish = lambda task, args, headers, queue: sent.append((task, args, headers))
+alice, olivia = User.objects.get(username="alice"), User.objects.get(username="olivia")
+
+
+def portal() -> float:
+    t0 = time.perf_counter()
+    request, _ = backfill_request_create(actor=alice, job=job.name, start=FIRST.isoformat(), end=LAST.isoformat(),
+                                         reason="benchmark", max_active_intervals=8)
+    backfill_request_submit(actor=alice, request_id=request.pk, confirm_overlap=True)
+    backfill_request_decide(actor=olivia, request_id=request.pk, approve=True)
+    while sent:
+        task, args, headers = sent.popleft()
+        app.tasks[task].apply(args=args, headers=headers, throw=True)
+    request.refresh_from_db()
+    assert request.status == "reconciling", request.status
+    return time.perf_counter() - t0
+
+
+direct()  # warm caches for both (first reads of the source pages)
+rounds = int(os.environ.get("ROUNDS", "3"))
+direct_times, portal_times = [], []
+for _ in range(rounds):
+    direct_times.append(direct())
+    portal_times.append(portal())
+d, p = statistics.median(direct_times), statistics.median(portal_times)
+per_sql = d / 90 * 1000
+overhead = (p - d) / 90 * 1000
+print(f"direct SQL loop: {d:.2f}s ({per_sql:.0f} ms per interval); portal: {p:.2f}s; "
+      f"overhead {overhead:.1f} ms per interval ({rounds} rounds, medians)")
+print(f"ratio: {p / d:.2f} (portal backfill / direct SQL loop, 90 daily intervals of dwd_order_items)")
