@@ -2,7 +2,8 @@ from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from backfill_portal.backfills.api.views import RequestViewSet
-from backfill_portal.catalog.api.views import DatasetViewSet, JobViewSet
+from backfill_portal.backfills.api.governance import ApprovalStepViewSet, HandoffViewSet
+from backfill_portal.catalog.api.views import DatasetViewSet, JobViewSet, lineage
 from backfill_portal.core.api_views import AuditEventViewSet
 from backfill_portal.execution.api.views import RunViewSet
 from backfill_portal.warehouse.api import partition_detail
@@ -13,8 +14,11 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("requests", RequestViewSet, basename="request")
 router.register("runs", RunViewSet, basename="run")
 router.register("audit", AuditEventViewSet, basename="audit")
+router.register("approvals", ApprovalStepViewSet, basename="approval")
+router.register("handoffs", HandoffViewSet, basename="handoff")
 
 urlpatterns = [
     path("datasets/<slug:name>/partitions/<str:key>/", partition_detail, name="partition-detail"),
+    path("lineage/", lineage, name="lineage"),
     *router.urls,
 ]

@@ -210,12 +210,15 @@ CELERY_TASK_ROUTES = {
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "execution.sweep", "schedule": env_int("SWEEP_SECONDS", 15)},
     "schedule-production": {"task": "execution.schedule_production", "schedule": 60.0},
+    "expire-handoffs": {"task": "backfills.expire_handoffs", "schedule": 300.0},
 }
 
 # --- Product limits
 BACKFILL_MAX_INTERVALS = env_int("BACKFILL_MAX_INTERVALS", 30000)
 # Requests with more intervals than this also need an admin's approval.
 BACKFILL_ADMIN_APPROVAL_OVER = env_int("BACKFILL_ADMIN_APPROVAL_OVER", 400)
+# How long downstream owners have to answer a hand-off.
+HANDOFF_WINDOW_HOURS = env_int("HANDOFF_WINDOW_HOURS", 72)
 
 LOGGING = {
     "version": 1,

@@ -12,3 +12,10 @@ def request_cancelled(request_id: int) -> None:
     from backfill_portal.execution.services.dispatch import request_stop_runs
 
     request_stop_runs(request_id=request_id)
+
+
+def request_reconciling(request_id: int) -> None:
+    """No work left: open hand-off items (hand-off cascades) and reconcile."""
+    from backfill_portal.backfills.services.handoff import handoffs_open_for
+
+    handoffs_open_for(request_id=request_id)

@@ -41,6 +41,10 @@ class BackfillRequest(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     overlaps = models.JSONField(default=list, blank=True, help_text="ids of active requests this one overlapped at submission")
     idempotency_key = models.CharField(max_length=128, null=True, blank=True)
+    node_actions = models.JSONField(default=dict, blank=True,
+                                    help_text="cascade plan: {job: rebuild | skip | handoff} for each downstream job")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children",
+                               help_text="the request whose hand-off or rollback filed this one")
     payload_hash = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
@@ -111,3 +115,30 @@ class ApprovalStep(models.Model):
 
     def __str__(self) -> str:
         return f"step #{self.pk} {self.kind} for request #{self.request_id}"
+
+
+class HandoffItem(models.Model):
+    """Hand-off cascade: after the target publishes, each downstream owner decides
+    within a window whether to rebuild (accept files a linked cascade request)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        ACCEPTED = "accepted"
+        DECLINED = "declined"
+        EXPIRED = "expired"
+
+    request = models.ForeignKey(BackfillRequest, on_delete=models.CASCADE, related_name="handoffs")
+    job = models.ForeignKey("catalog.Job", on_delete=models.PROTECT, related_name="+")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="handoffs")
+    first_partition = models.CharField(max_length=40)
+    last_partition = models.CharField(max_length=40)
+    deadline = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    comment = models.TextField(blank=True, default="")
+    follow_up = models.ForeignKey(BackfillRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["owner", "status"]), models.Index(fields=["status", "deadline"])]
+        constraints = [models.UniqueConstraint(fields=["request", "job"], name="handoff_once_per_job")]

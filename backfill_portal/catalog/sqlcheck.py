@@ -14,7 +14,13 @@ FORBIDDEN_FUNCTIONS = {
     "now", "current_date", "current_timestamp", "current_time", "localtime", "localtimestamp",
     "random", "rand", "uuid", "gen_random_uuid", "sysdate", "getdate", "clock_timestamp",
     "statement_timestamp", "transaction_timestamp", "timeofday",
+    "randomblob", "uuid_generate_v1", "uuid_generate_v4",
 }
+# Strings the database turns into the wall clock: PostgreSQL's 'now'::timestamp and
+# DATE 'today', SQLite's date('now'). Refused when a cast or function consumes them.
+WALL_CLOCK_LITERALS = {"now", "today", "yesterday", "tomorrow"}
+# SQLite's date functions read the clock when given no time value (date(), unixepoch()).
+CLOCK_WHEN_ARGLESS = {"date", "time", "datetime", "julianday", "unixepoch"}
 FORBIDDEN_EXPRESSIONS = (exp.CurrentDate, exp.CurrentTimestamp, exp.CurrentTime, exp.Rand)
 PLACEHOLDER_PREFIX = "__ref__"
 PREVIOUS_PLACEHOLDER = "__ref_previous__"
@@ -61,6 +67,13 @@ def referenced_tables(template: str) -> tuple[set[str], set[str]]:
             name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
             if name in FORBIDDEN_FUNCTIONS:
                 raise TemplateError(f"{name}() is not allowed: a job may read only its data interval")
+            args = node.expressions if isinstance(node, exp.Anonymous) else [v for v in node.args.values() if v]
+            if (name in CLOCK_WHEN_ARGLESS and not args) or (name == "strftime" and len(args) < 2):
+                raise TemplateError(f"{name}() without a time value reads the clock: "
+                                    "a job may read only its data interval")
+        if (isinstance(node, exp.Literal) and node.is_string and isinstance(node.parent, exp.Func)
+                and node.name.strip().lower() in WALL_CLOCK_LITERALS):
+            raise TemplateError(f"'{node.name}' reads the clock: a job may read only its data interval")
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
     refs, others = set(), set()
     for table in tree.find_all(exp.Table):

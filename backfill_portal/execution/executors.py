@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Callable
 
 import jinja2
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from backfill_portal.backfills.planning import partition_for, plan_intervals, previous_partition
+from backfill_portal.backfills.planning import previous_partition
+from backfill_portal.catalog.lineage import covered_partition_keys
 from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.catalog.sqlcheck import TemplateError, check_template
+from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Delivery, Run
 from backfill_portal.warehouse.adapter import Marker, Warehouse
 from backfill_portal.warehouse.models import Consumption, Version
@@ -36,12 +38,8 @@ def _q(value: str) -> str:
 
 
 def covered_partitions(dataset: Dataset, start: datetime, end: datetime) -> list[str]:
-    """Partitions of `dataset` (in its grain and timezone) overlapping [start, end).
-    Maps across grains: a day covers 23-25 hourly partitions, a month ~30 days."""
-    first = partition_for(grain=dataset.grain, timezone=dataset.timezone, at=start)
-    last = partition_for(grain=dataset.grain, timezone=dataset.timezone, at=end - timedelta(microseconds=1))
-    return [p.partition_key for p in plan_intervals(
-        grain=dataset.grain, timezone=dataset.timezone, first=first.partition_key, last=last.partition_key)]
+    """Partitions of `dataset` (in its grain and timezone) overlapping [start, end)."""
+    return covered_partition_keys(grain=dataset.grain, timezone=dataset.timezone, start=start, end=end)
 
 
 @dataclass
@@ -87,6 +85,12 @@ def pin_inputs(run: Run, warehouse: Warehouse) -> PinnedInputs:
             continue
         partitions = covered_partitions(up, run.data_interval_start, run.data_interval_end)
         current = warehouse.current_many(up.name, partitions)
+        if run.request_id:
+            # In a cascade, read what this request published upstream, even if
+            # someone published another version since.
+            current.update(dict(Run.objects.filter(
+                request_id=run.request_id, job__dataset=up, status__in=[RunStatus.PUBLISHED, RunStatus.SUPERSEDED],
+                partition_key__in=partitions).values_list("partition_key", "run_id")))
         pins.versions[up.name] = current
         versions = {v.run.run_id: v for v in Version.objects.filter(run__run_id__in=list(current.values())).select_related("run")}
         for partition in partitions:

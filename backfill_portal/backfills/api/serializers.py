@@ -20,6 +20,8 @@ class RequestCreateSerializer(serializers.Serializer):
     side_effects = serializers.ListField(child=serializers.CharField(max_length=128), default=list)
     verify_twice = serializers.BooleanField(default=False)
     idempotency_key = serializers.CharField(max_length=128, required=False, allow_null=True, default=None)
+    node_actions = serializers.DictField(child=serializers.CharField(max_length=16), required=False, default=dict,
+                                         help_text="cascade: {downstream job: rebuild | skip}")
 
 
 class SubmitSerializer(serializers.Serializer):
@@ -67,7 +69,7 @@ class RequestSerializer(serializers.ModelSerializer):
         fields = ["id", "status", "job", "dataset", "timezone", "grain", "requested_by", "requested_at", "reason",
                   "first_partition", "last_partition", "range_start", "range_end", "interval_count", "cascade",
                   "strategy", "max_active_intervals", "verify_twice", "side_effects", "paused", "code_version",
-                  "submitted_at", "decided_at", "finished_at", "overlaps", "idempotency_key"]
+                  "submitted_at", "decided_at", "finished_at", "overlaps", "idempotency_key", "node_actions", "parent"]
 
 
 class RequestDetailSerializer(RequestSerializer):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -11,6 +12,7 @@ from django.utils import timezone
 from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus, Strategy
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
 from backfill_portal.backfills.planning import plan_intervals
+from backfill_portal.backfills.services.notifications import notify_approvers
 from backfill_portal.backfills.transitions import (
     REQUEST_ACTIVE,
     intervals_bulk_transition,
@@ -18,6 +20,7 @@ from backfill_portal.backfills.transitions import (
     step_transition,
 )
 from backfill_portal.catalog.choices import JobKind
+from backfill_portal.catalog.lineage import LineageGraph, covered_partitions
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
 from backfill_portal.core.roles import Role, deny, has_role, require_role
@@ -50,6 +53,7 @@ def backfill_request_create(
     side_effects: list[str] | tuple[str, ...] = (),
     verify_twice: bool = False,
     idempotency_key: str | None = None,
+    node_actions: dict[str, str] | None = None,
 ) -> tuple[BackfillRequest, bool]:
     """Create a draft with its planned intervals. Returns (request, created).
 
@@ -89,6 +93,7 @@ def backfill_request_create(
         "job": job, "start": str(start), "end": str(end), "reason": reason, "cascade": cascade,
         "strategy": strategy, "max_active_intervals": max_active_intervals,
         "side_effects": sorted(side_effects or []), "verify_twice": bool(verify_twice),
+        "node_actions": dict(sorted((node_actions or {}).items())),
     }
     digest = _payload_hash(payload)
     if idempotency_key and not errors:
@@ -108,6 +113,20 @@ def backfill_request_create(
                 errors.setdefault(key, []).extend(messages)
             if not exc.fields:
                 errors.setdefault("start", []).append(exc.message)
+    cascade_plan: list[CascadeNode] = []
+    if planned and not errors and cascade != Cascade.NONE:
+        try:
+            cascade_plan = plan_cascade(job=job_obj, cascade=cascade, start=planned[0].start, end=planned[-1].end,
+                                        authorised={j.name for j in effect_jobs}, overrides=node_actions or {})
+        except ValidationError as exc:
+            for key, messages in exc.fields.items():
+                errors.setdefault(key, []).extend(messages)
+    elif node_actions:
+        errors.setdefault("node_actions", []).append("node actions need cascade or handoff")
+    total = len(planned) + sum(len(n.partitions) for n in cascade_plan if n.action != NodeAction.HANDOFF)
+    if planned and total > settings.BACKFILL_MAX_INTERVALS and not errors:
+        errors.setdefault("end", []).append(
+            f"with its cascade this range has {total} intervals; the limit is {settings.BACKFILL_MAX_INTERVALS}")
     if errors:
         first_field, messages = next(iter(errors.items()))
         raise ValidationError(f"{first_field}: {messages[0]}", fields=errors)
@@ -120,6 +139,7 @@ def backfill_request_create(
                 range_start=planned[0].start, range_end=planned[-1].end, interval_count=len(planned),
                 cascade=cascade, strategy=strategy, max_active_intervals=max_active_intervals,
                 verify_twice=bool(verify_twice), idempotency_key=idempotency_key or None, payload_hash=digest,
+                node_actions={n.job.name: n.action for n in cascade_plan},
             )
             if effect_jobs:
                 request.side_effects.set(effect_jobs)
@@ -131,10 +151,12 @@ def backfill_request_create(
                 ],
                 batch_size=2000,
             )
+            _persist_cascade(request, cascade_plan)
             audit_record(
                 actor=actor, action="request.create", object_type="request", object_id=request.pk,
                 request_id=request.pk, dataset=job_obj.dataset.name, to_state=RequestStatus.DRAFT, reason=reason,
-                data={**payload, "intervals": len(planned), "first": request.first_partition, "last": request.last_partition},
+                data={**payload, "intervals": len(planned), "first": request.first_partition,
+                      "last": request.last_partition, "cascade_plan": request.node_actions},
             )
     except IntegrityError:
         # Two concurrent creates with one key: the loser returns the winner's request.
@@ -143,6 +165,73 @@ def backfill_request_create(
             raise
         return _same_or_conflict(existing, digest), False
     return request, True
+
+
+class NodeAction:
+    REBUILD = "rebuild"
+    SKIP = "skip"
+    HANDOFF = "handoff"
+    ALL = (REBUILD, SKIP, HANDOFF)
+
+
+@dataclass
+class CascadeNode:
+    job: Job
+    layer: int
+    action: str
+    partitions: list  # PlannedInterval
+
+
+def plan_cascade(*, job: Job, cascade: str, start, end, authorised: set[str],
+                 overrides: dict[str, str]) -> list[CascadeNode]:
+    """The downstream nodes of a cascade or hand-off, with the action for each.
+
+    cascade: every downstream node is rebuilt after its upstreams publish, except
+    side-effect nodes that were not authorised (skipped, recorded per interval) and
+    nodes the requester chose to skip. handoff: downstream owners decide later.
+    """
+    graph = LineageGraph.load()
+    try:
+        nodes = graph.closure(job.name)[1:]
+    except ValueError as exc:
+        raise ValidationError(str(exc), field="cascade") from None
+    names = {n.job.name for n in nodes}
+    errors = [f"{name} is not downstream of {job.name}" for name in overrides if name not in names]
+    errors += [f"{name}: {action!r} is not one of {', '.join(NodeAction.ALL)}"
+               for name, action in overrides.items() if action not in NodeAction.ALL]
+    if errors:
+        raise ValidationError("; ".join(errors), fields={"node_actions": errors})
+    jobs = {j.name: j for j in Job.objects.filter(name__in=names).select_related("dataset__owner")}
+    plan = []
+    for node in nodes:
+        if cascade == Cascade.HANDOFF:
+            action = NodeAction.HANDOFF
+        elif node.is_side_effect and node.job.name not in authorised:
+            action = NodeAction.SKIP
+        else:
+            action = NodeAction.REBUILD
+        action = overrides.get(node.job.name, action)
+        if node.is_side_effect and action == NodeAction.REBUILD and node.job.name not in authorised:
+            raise ValidationError(f"{node.job.name} is a side-effect node: authorise it in side_effects to run it",
+                                  field="side_effects")
+        partitions = covered_partitions(grain=node.job.grain, timezone=node.job.timezone, start=start, end=end)
+        plan.append(CascadeNode(job=jobs[node.job.name], layer=node.layer, action=action, partitions=partitions))
+    return plan
+
+
+def _persist_cascade(request: BackfillRequest, plan: list[CascadeNode]) -> None:
+    """Downstream intervals go into the same frozen plan; skipped nodes are recorded
+    per interval (with the reason) so the manifest can name them."""
+    rows = []
+    for node in plan:
+        if node.action == NodeAction.HANDOFF:
+            continue
+        rows += [Interval(request=request, job=node.job, position=i, partition_key=p.partition_key, start=p.start,
+                          end=p.end, note="" if node.action == NodeAction.REBUILD else "skipped: " + (
+                              "side-effect node not authorised" if node.job.kind == JobKind.SIDE_EFFECT
+                              else "skipped by the requester"))
+                 for i, p in enumerate(node.partitions)]
+    Interval.objects.bulk_create(rows, batch_size=2000)
 
 
 def _same_or_conflict(existing: BackfillRequest, digest: str) -> BackfillRequest:
@@ -170,10 +259,15 @@ def _approval_steps(request: BackfillRequest) -> list[ApprovalStep]:
     dataset = request.job.dataset
     steps = [ApprovalStep(request=request, kind=StepKind.OWNER, dataset=dataset, job=request.job,
                           approver=_approver_for(dataset.owner, request))]
+    rebuilt = [name for name, action in (request.node_actions or {}).items() if action == NodeAction.REBUILD]
+    for job in Job.objects.filter(name__in=rebuilt, kind__in=[JobKind.SQL, JobKind.PYTHON]).select_related(
+            "dataset__owner").order_by("name"):
+        steps.append(ApprovalStep(request=request, kind=StepKind.DOWNSTREAM, dataset=job.dataset, job=job,
+                                  approver=_approver_for(job.dataset.owner, request)))
     for effect in request.side_effects.select_related("dataset__owner"):
         steps.append(ApprovalStep(request=request, kind=StepKind.SIDE_EFFECT, dataset=effect.dataset, job=effect,
                                   approver=_approver_for(effect.dataset.owner, request)))
-    if request.interval_count > settings.BACKFILL_ADMIN_APPROVAL_OVER:
+    if Interval.objects.filter(request=request).count() > settings.BACKFILL_ADMIN_APPROVAL_OVER:
         steps.append(ApprovalStep(request=request, kind=StepKind.ADMIN, approver=None))
     return steps
 
@@ -200,8 +294,12 @@ def backfill_request_submit(*, actor, request_id, confirm_overlap: bool = False)
     if request.status != RequestStatus.DRAFT:
         raise ConflictError(f"request #{request.pk} is {request.status}; only a draft can be submitted", field="status")
     code_version = request.job.current_code_version
-    if code_version is None:
-        raise ConflictError(f"job {request.job.name} has no code version; sync the catalog first", field="job")
+    jobs = list(Job.objects.filter(pk__in=Interval.objects.filter(request=request).values("job_id").distinct())
+                .select_related("current_code_version"))
+    missing = [j.name for j in jobs if j.current_code_version is None]
+    if code_version is None or missing:
+        raise ConflictError(f"job {', '.join(missing) or request.job.name} has no code version; sync the catalog first",
+                            field="job")
     overlaps = request_overlaps(request)
     if overlaps and not confirm_overlap:
         ids = ", ".join(f"#{pk}" for pk in overlaps)
@@ -210,12 +308,15 @@ def backfill_request_submit(*, actor, request_id, confirm_overlap: bool = False)
             field="confirm_overlap",
         )
     with transaction.atomic():
-        Interval.objects.filter(request=request).update(code_version=code_version)
-        ApprovalStep.objects.bulk_create(_approval_steps(request))
+        for job in jobs:  # each job's definition is frozen as it is now
+            Interval.objects.filter(request=request, job=job).update(code_version=job.current_code_version)
+        steps = ApprovalStep.objects.bulk_create(_approval_steps(request))
+        notify_approvers(request, steps)
         request_transition(
             request, to=RequestStatus.PENDING_APPROVAL, actor=actor, action="request.submit",
             updates={"code_version": code_version, "submitted_at": timezone.now(), "overlaps": overlaps},
-            data={"code_version": code_version.hash, "overlaps": overlaps, "intervals": request.interval_count},
+            data={"code_version": code_version.hash, "overlaps": overlaps, "intervals": request.interval_count,
+                  "code_versions": {j.name: j.current_code_version.hash for j in jobs}},
         )
     return request
 

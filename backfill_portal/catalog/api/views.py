@@ -1,8 +1,11 @@
-from rest_framework import viewsets
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import api_view
+from rest_framework.response import Response
 from rest_framework.pagination import LimitOffsetPagination
 
 from backfill_portal.catalog.api.serializers import DatasetSerializer, JobDetailSerializer, JobSerializer
-from backfill_portal.catalog.selectors import dataset_list, job_list
+from backfill_portal.catalog.selectors import dataset_list, job_list, lineage_expand
 
 
 class CatalogPagination(LimitOffsetPagination):
@@ -31,3 +34,20 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_serializer_class(self):
         return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+
+class LineageQuery(serializers.Serializer):
+    root = serializers.CharField(max_length=128)
+    start = serializers.CharField(required=False, help_text="first partition of the root, inclusive")
+    end = serializers.CharField(required=False, help_text="last partition of the root, inclusive")
+
+
+@extend_schema(parameters=[LineageQuery], responses=inline_serializer("Lineage", {
+    "root": serializers.CharField(), "nodes": serializers.ListField(child=serializers.DictField())}))
+@api_view(["GET"])
+def lineage(request):
+    """The downstream closure of a job, layered, with the partitions each node would
+    rebuild when start/end are given."""
+    query = LineageQuery(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    return Response(lineage_expand(**query.validated_data))

@@ -112,6 +112,54 @@ def _candidates(request: BackfillRequest, job: Job, limit: int) -> list[Interval
     return list(base.filter(status=I.PLANNED).order_by(order)[:limit])
 
 
+def _cascade_candidates(request: BackfillRequest, budget: int) -> list[Interval]:
+    """Intervals of a multi-job request that may start now: every interval of an
+    upstream job of this request that it reads must be published by this request
+    (version events, not green tasks). Layer order follows from that rule."""
+    rows = list(Interval.objects.filter(request=request).values_list("pk", "job_id", "position", "start", "end", "status"))
+    by_job: dict[int, list[tuple]] = {}
+    for row in rows:
+        by_job.setdefault(row[1], []).append(row)
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in=by_job).select_related("dataset__team", "pool")
+            .prefetch_related("upstreams__job")}
+    producers = {}
+    for job in jobs.values():
+        producers[job.pk] = [up.job.pk for up in job.upstreams.all() if hasattr(up, "job") and up.job.pk in by_job]
+    chosen: list[int] = []
+    order = sorted(jobs.values(), key=lambda j: (j.pk != request.job_id, len(producers[j.pk]), j.name))
+    for job in order:
+        if len(chosen) >= budget:
+            break
+        own = sorted(by_job[job.pk], key=lambda r: r[2], reverse=request.strategy == Strategy.BACKWARD)
+        if job.depends_on_past and any(r[5] in (I.QUEUED, I.RUNNING, I.FAILED) for r in own):
+            continue
+        job_budget = min(budget - len(chosen), free_slots(job, production=False))
+        for pk, _job, _pos, start, end, status in own:
+            if job_budget <= 0:
+                break
+            if status != I.PLANNED:
+                continue
+            ready = all(
+                r[5] in (I.PUBLISHED, I.SKIPPED)
+                for up in producers[job.pk] for r in by_job[up] if r[3] < end and r[4] > start
+            )
+            if ready:
+                chosen.append(pk)
+                job_budget -= 1
+            if job.depends_on_past:
+                break  # strictly in order: only the oldest planned interval may go
+    found = {i.pk: i for i in Interval.objects.filter(pk__in=chosen).select_related("job__dataset")}
+    return [found[pk] for pk in chosen]
+
+
+def _skip_reason(request: BackfillRequest, job: Job, authorised: set[int]) -> str:
+    if job.kind == JobKind.SIDE_EFFECT and job.pk not in authorised:
+        return "side-effect node not authorised by this request"
+    if (request.node_actions or {}).get(job.name) == "skip":
+        return "skipped by the requester"
+    return ""
+
+
 def dispatch_request(*, request_id: int) -> int:
     """Claim eligible intervals and queue their runs. Safe to call at any time, twice."""
     created = 0
@@ -120,19 +168,26 @@ def dispatch_request(*, request_id: int) -> int:
         request = request_get_for_update(request_id)
         if request.status != R.RUNNING or request.paused:
             return 0
+        authorised = set(request.side_effects.values_list("pk", flat=True))
+        jobs = {j.pk: j for j in Job.objects.filter(
+            pk__in=Interval.objects.filter(request=request).values("job_id")).select_related("dataset__team", "pool")}
+        for job in jobs.values():
+            reason = _skip_reason(request, job, authorised)
+            if reason:
+                for interval in Interval.objects.filter(request=request, job=job, status=I.PLANNED):
+                    interval.request = request
+                    interval_transition(interval, to=I.SKIPPED, reason=reason)
         in_flight = Interval.objects.filter(request=request, status__in=[I.QUEUED, I.RUNNING]).count()
         budget = request.max_active_intervals - in_flight
-        job = request.job
         if budget > 0:
-            budget = min(budget, free_slots(job, production=False))
-        if budget > 0:
-            authorised = set(request.side_effects.values_list("pk", flat=True))
-            for interval in _candidates(request, job, budget):
+            if len(jobs) == 1:
+                job = request.job
+                candidates = _candidates(request, job, min(budget, free_slots(job, production=False)))
+            else:
+                candidates = _cascade_candidates(request, budget)
+            for interval in candidates:
                 interval.request = request
-                if job.kind == JobKind.SIDE_EFFECT and job.pk not in authorised:
-                    interval_transition(interval, to=I.SKIPPED,
-                                        reason="side-effect node not authorised by this request")
-                    continue
+                job = jobs[interval.job_id]
                 interval_transition(interval, to=I.QUEUED)
                 run = Run.objects.create(
                     job=job, run_type=RunType.BACKFILL, request=request, interval=interval,
@@ -145,18 +200,21 @@ def dispatch_request(*, request_id: int) -> int:
                                    "code_version": run.code_version_id})
                 enqueue_execute(run)
                 created += 1
-        request_check_done(request)
+        request_check_done(request, progressed=created > 0)
     return created
 
 
-def request_check_done(request: BackfillRequest) -> None:
-    """No work left: reconciling when nothing failed, failed otherwise."""
+def request_check_done(request: BackfillRequest, *, progressed: bool = False) -> None:
+    """No work left: reconciling when nothing failed, failed otherwise. Planned
+    intervals blocked behind a failed upstream count as no work left."""
     if request.status != R.RUNNING:
         return
-    open_left = Interval.objects.filter(request=request, status__in=[I.PLANNED, I.QUEUED, I.RUNNING]).exists()
-    if open_left:
+    intervals = Interval.objects.filter(request=request)
+    if intervals.filter(status__in=[I.QUEUED, I.RUNNING]).exists():
         return
-    failed = Interval.objects.filter(request=request, status=I.FAILED).count()
+    failed = intervals.filter(status=I.FAILED).count()
+    if intervals.filter(status=I.PLANNED).exists() and (progressed or not failed or not _all_planned_blocked(request)):
+        return
     if failed:
         request_transition(request, to=R.FAILED, actor=None, action="request.failed",
                            reason=f"{failed} interval(s) failed after their last attempt",
@@ -164,6 +222,32 @@ def request_check_done(request: BackfillRequest) -> None:
     else:
         request_transition(request, to=R.RECONCILING, actor=None, action="request.reconciling",
                            reason="every interval published or skipped; reconciliation pending")
+        transaction.on_commit(lambda: request_reached_reconciling(request.pk))
+
+
+def _all_planned_blocked(request: BackfillRequest) -> bool:
+    """Whether every planned interval waits on a failed one it can never get past:
+    an earlier interval of a depends_on_past job, or an upstream interval it reads."""
+    rows = list(Interval.objects.filter(request=request).values_list("job_id", "position", "start", "end", "status"))
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in={r[0] for r in rows}).prefetch_related("upstreams__job")}
+    producers = {pk: [up.job.pk for up in j.upstreams.all() if hasattr(up, "job")] for pk, j in jobs.items()}
+    dead = (I.FAILED, I.CANCELLED)
+    for job_id, position, start, end, status in rows:
+        if status != I.PLANNED:
+            continue
+        blocked = jobs[job_id].depends_on_past and any(
+            r[0] == job_id and r[1] < position and r[4] in dead for r in rows)
+        blocked = blocked or any(
+            r[0] in producers[job_id] and r[2] < end and r[3] > start and r[4] in dead for r in rows)
+        if not blocked:
+            return False
+    return True
+
+
+def request_reached_reconciling(request_id: int) -> None:
+    from backfill_portal.backfills.hooks import request_reconciling
+
+    request_reconciling(request_id)
 
 
 def _require_operator(actor, request: BackfillRequest, action: str) -> None:

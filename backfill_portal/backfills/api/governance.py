@@ -1,0 +1,92 @@
+"""Approvals inbox and hand-off items: thin views over the governance services."""
+from django.db.models import Q
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from backfill_portal.backfills.api.serializers import ApprovalStepSerializer, CommentSerializer
+from backfill_portal.backfills.choices import StepStatus
+from backfill_portal.backfills.models import ApprovalStep, HandoffItem
+from backfill_portal.backfills.services.handoff import handoff_accept, handoff_decline
+from backfill_portal.backfills.services.requests import approval_step_decide
+from backfill_portal.core.errors import NotFound
+from backfill_portal.core.roles import Role, has_role
+
+
+class ApprovalStepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Approval steps; `?mine=1` is the inbox: pending steps this user may decide."""
+
+    serializer_class = ApprovalStepSerializer
+    filterset_fields = ["status", "kind", "request"]
+
+    def get_queryset(self):
+        qs = ApprovalStep.objects.select_related("request__job", "dataset", "job", "approver", "decided_by")
+        if self.request.query_params.get("mine") == "1":
+            mine = Q(approver=self.request.user)
+            if has_role(self.request.user, Role.ADMIN):
+                mine |= Q(approver__isnull=True)
+            qs = qs.filter(mine, status=StepStatus.PENDING).exclude(request__requested_by=self.request.user)
+        return qs
+
+    @extend_schema(parameters=[OpenApiParameter("mine", str, description="1: only steps waiting for me")])
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    def _step(self, pk) -> ApprovalStep:
+        step = ApprovalStep.objects.select_related("request__job__dataset", "dataset", "approver").filter(pk=pk).first()
+        if step is None:
+            raise NotFound(f"approval step {pk} does not exist")
+        return step
+
+    @extend_schema(request=CommentSerializer, responses=ApprovalStepSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        body = CommentSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        step = approval_step_decide(actor=request.user, step=self._step(pk), approve=True, **body.validated_data)
+        return Response(ApprovalStepSerializer(self._step(step.pk)).data)
+
+    @extend_schema(request=CommentSerializer, responses=ApprovalStepSerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request, pk=None):
+        body = CommentSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        step = approval_step_decide(actor=request.user, step=self._step(pk), approve=False, **body.validated_data)
+        return Response(ApprovalStepSerializer(self._step(step.pk)).data)
+
+
+class HandoffSerializer(serializers.ModelSerializer):
+    job = serializers.CharField(source="job.name")
+    owner = serializers.CharField(source="owner.username")
+    follow_up = serializers.IntegerField(source="follow_up_id", allow_null=True)
+
+    class Meta:
+        model = HandoffItem
+        fields = ["id", "request", "job", "owner", "first_partition", "last_partition", "deadline", "status",
+                  "decided_at", "comment", "follow_up"]
+
+
+class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = HandoffSerializer
+    filterset_fields = ["status", "request"]
+
+    def get_queryset(self):
+        qs = HandoffItem.objects.select_related("job", "owner")
+        if self.request.query_params.get("mine") == "1":
+            qs = qs.filter(owner=self.request.user)
+        return qs
+
+    @extend_schema(request=CommentSerializer, responses=HandoffSerializer)
+    @action(detail=True, methods=["post"])
+    def accept(self, request, pk=None):
+        body = CommentSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return Response(HandoffSerializer(handoff_accept(actor=request.user, item_id=pk, **body.validated_data)).data)
+
+    @extend_schema(request=CommentSerializer, responses=HandoffSerializer)
+    @action(detail=True, methods=["post"])
+    def decline(self, request, pk=None):
+        body = CommentSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return Response(HandoffSerializer(handoff_decline(actor=request.user, item_id=pk, **body.validated_data)).data)

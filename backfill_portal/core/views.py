@@ -1,0 +1,132 @@
+"""Home page and the audit log pages."""
+from __future__ import annotations
+
+import csv
+import json
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.db.models import Q
+from django.http import StreamingHttpResponse
+from django.utils import timezone
+
+from backfill_portal.backfills.choices import RequestStatus, StepStatus
+from backfill_portal.backfills.models import ApprovalStep
+from backfill_portal.backfills.selectors import request_list
+from backfill_portal.core.models import AuditEvent
+from backfill_portal.core.roles import Role, has_role
+from backfill_portal.core.web import keyset_page, query_without, render_page
+
+HOME_ROWS = 10
+HOME_RUNNING_ROWS = 20
+HOME_WAITING_ROWS = 50
+
+
+def _steps_waiting_for(user):
+    """Pending steps this user may decide: theirs, or the admin steps when they are an admin.
+    Never steps of their own requests (nobody approves their own request)."""
+    mine = Q(approver=user)
+    if has_role(user, Role.ADMIN):
+        mine |= Q(approver__isnull=True)
+    return (ApprovalStep.objects.filter(mine, status=StepStatus.PENDING, request__status=RequestStatus.PENDING_APPROVAL)
+            .exclude(request__requested_by=user)
+            .select_related("request__job__dataset", "request__requested_by", "dataset", "job")
+            .order_by("request_id", "id"))
+
+
+@login_required
+def home(request):
+    user = request.user
+    return render_page(request, "core/home.html", {
+        "my_requests": list(request_list(user=user, mine=True).order_by("-id")[:HOME_ROWS]),
+        "waiting": list(_steps_waiting_for(user)[:HOME_WAITING_ROWS]),
+        "running": list(request_list().filter(status=RequestStatus.RUNNING).order_by("-id")[:HOME_RUNNING_ROWS]),
+    })
+
+
+# --- Audit ------------------------------------------------------------------------------
+
+
+class AuditFilterForm(forms.Form):
+    request = forms.IntegerField(label="Request #", required=False, min_value=1)
+    actor = forms.CharField(label="Actor", required=False, max_length=150)
+    action = forms.CharField(label="Action starts with", required=False, max_length=64,
+                             widget=forms.TextInput(attrs={"placeholder": "request."}))
+    dataset = forms.CharField(label="Dataset", required=False, max_length=128)
+    since = forms.DateTimeField(label="Since (UTC)", required=False,
+                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    until = forms.DateTimeField(label="Until (UTC, exclusive)", required=False,
+                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+
+    def filter(self, qs):
+        """Same filters as the API's AuditFilter (action is a prefix match)."""
+        if not self.is_valid():
+            return qs.none()
+        data = self.cleaned_data
+        if data["request"]:
+            qs = qs.filter(request_id=data["request"])
+        if data["actor"]:
+            qs = qs.filter(actor_name=data["actor"].strip())
+        if data["action"]:
+            qs = qs.filter(action__startswith=data["action"].strip())
+        if data["dataset"]:
+            qs = qs.filter(dataset=data["dataset"].strip())
+        if data["since"]:
+            qs = qs.filter(at__gte=data["since"])
+        if data["until"]:
+            qs = qs.filter(at__lt=data["until"])
+        return qs
+
+
+CSV_COLUMNS = ["id", "at", "actor", "action", "object_type", "object_id", "request_id", "dataset",
+               "from_state", "to_state", "reason", "data", "prev_hash", "hash"]
+
+
+class _Echo:
+    def write(self, value):
+        return value
+
+
+def _cell(value) -> str:
+    """Neutralise spreadsheet formulas in free text (CSV injection), keep plain values."""
+    text = "" if value is None else str(value)
+    if text[:1] in ("=", "+", "@", "\t", "\r") or (text[:1] == "-" and len(text) > 1 and not _is_number(text)):
+        return "'" + text
+    return text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _csv_rows(qs):
+    writer = csv.writer(_Echo())
+    yield writer.writerow(CSV_COLUMNS)
+    for e in qs.iterator(chunk_size=2000):
+        yield writer.writerow([
+            e.pk, e.at.isoformat(), _cell(e.actor_name), _cell(e.action), _cell(e.object_type), _cell(e.object_id),
+            e.request_id if e.request_id is not None else "", _cell(e.dataset), e.from_state, e.to_state,
+            _cell(e.reason), _cell(json.dumps(e.data, sort_keys=True)), e.prev_hash, e.hash,
+        ])
+
+
+@login_required
+def audit(request):
+    """Every authenticated role may read the audit log (as in the API)."""
+    form = AuditFilterForm(request.GET or None)
+    qs = form.filter(AuditEvent.objects.all()) if form.is_bound else AuditEvent.objects.all()
+    if request.GET.get("format") == "csv":
+        stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+        response = StreamingHttpResponse(_csv_rows(qs.order_by("-id")), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.csv"'
+        return response
+    page = keyset_page(qs, request.GET.get("before"))
+    return render_page(request, "core/audit.html", {
+        "form": form, "page": page,
+        "keep_query": query_without(request, "before", "format"),
+        "csv_query": query_without(request, "before", "format"),
+    })
