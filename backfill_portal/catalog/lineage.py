@@ -8,7 +8,7 @@ partition mapping is computed once per (grain, timezone) and shared.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from backfill_portal.backfills.planning import partition_for, plan_intervals
@@ -27,23 +27,65 @@ class GraphJob:
     reads: tuple[str, ...]
 
 
-@dataclass
 class LineageNode:
-    job: GraphJob
-    layer: int                        # 0 = the root; a node comes after all its upstreams
-    upstream_jobs: list[str]          # upstream jobs inside the closure
-    partitions: list[str] = field(default_factory=list)
+    """One job of a closure: `layer` 0 is the root; a node comes after every upstream
+    inside the closure (`upstream_jobs`)."""
+
+    __slots__ = ("job", "layer", "upstream_jobs", "partitions")
+
+    def __init__(self, job: GraphJob, layer: int, upstream_jobs: list[str], partitions: list[str]):
+        self.job, self.layer, self.upstream_jobs, self.partitions = job, layer, upstream_jobs, partitions
 
     @property
     def is_side_effect(self) -> bool:
         return self.job.kind == "side_effect"
 
 
-@dataclass
 class LineageGraph:
-    jobs: dict[str, GraphJob]
-    consumers: dict[str, list[str]]   # dataset -> jobs reading it
-    producer: dict[str, str]          # dataset -> job producing it
+    """Job-to-job edges with a global topological order, computed once per load, so a
+    closure is a walk plus one pass in that order."""
+
+    def __init__(self, jobs: dict[str, GraphJob]):
+        self.jobs = jobs
+        producer = {job.dataset: name for name, job in jobs.items()}
+        self.upstream_jobs = {name: [producer[d] for d in job.reads if d in producer] for name, job in jobs.items()}
+        self.downstream_jobs: dict[str, list[str]] = {name: [] for name in jobs}
+        for name, ups in self.upstream_jobs.items():
+            for up in ups:
+                self.downstream_jobs[up].append(name)
+        self.topo_index = self._topological_index()
+        self.grain_of = {name: (job.grain, job.timezone) for name, job in jobs.items()}
+        self._mapping: dict[tuple, list[str]] = {}
+
+    def _topological_index(self) -> dict[str, int]:
+        pending = {name: len(ups) for name, ups in self.upstream_jobs.items()}
+        ready = deque(sorted(name for name, count in pending.items() if count == 0))
+        index: dict[str, int] = {}
+        while ready:
+            name = ready.popleft()
+            index[name] = len(index)
+            for consumer in self.downstream_jobs[name]:
+                pending[consumer] -= 1
+                if pending[consumer] == 0:
+                    ready.append(consumer)
+        if len(index) != len(self.jobs):
+            cyclic = sorted(set(self.jobs) - set(index))
+            raise ValueError("lineage has a cycle through " + ", ".join(cyclic[:5]))
+        return index
+
+    _CACHE: dict = {}
+
+    @classmethod
+    def cached(cls) -> LineageGraph:
+        """The graph, reloaded only when the catalog changed (one cheap query)."""
+        from django.db.models import Max
+
+        # Both maxima come from indexes; the catalog is changed by sync, which saves
+        # every job and dataset it touches (jobs are never deleted: runs protect them).
+        key = (Job.objects.aggregate(at=Max("updated_at"))["at"], Dataset.objects.aggregate(at=Max("updated_at"))["at"])
+        if cls._CACHE.get("key") != key:
+            cls._CACHE.update(key=key, graph=cls.load())
+        return cls._CACHE["graph"]
 
     @classmethod
     def load(cls) -> LineageGraph:
@@ -51,59 +93,78 @@ class LineageGraph:
         reads: dict[int, list[str]] = {}
         for job_id, dataset in Job.upstreams.through.objects.values_list("job_id", "dataset__name"):
             reads.setdefault(job_id, []).append(dataset)
-        jobs, consumers, producer = {}, {}, {}
+        jobs = {}
         rows = Job.objects.values_list("pk", "name", "dataset__name", "kind", "depends_on_past",
                                        "dataset__grain", "dataset__timezone")
         for pk, name, dataset, kind, dop, grain, tz in rows:
-            job = GraphJob(name, dataset, kind, dop, grain, tz, owners.get(dataset, ""), tuple(sorted(reads.get(pk, ()))))
-            jobs[name] = job
-            producer[dataset] = name
-            for up in job.reads:
-                consumers.setdefault(up, []).append(name)
-        return cls(jobs=jobs, consumers=consumers, producer=producer)
+            jobs[name] = GraphJob(name, dataset, kind, dop, grain, tz, owners.get(dataset, ""),
+                                  tuple(sorted(reads.get(pk, ()))))
+        return cls(jobs)
 
-    def closure(self, root: str) -> list[LineageNode]:
-        """The root and everything downstream, layered by longest path from the root
-        (so a node's layer is after every upstream inside the closure)."""
+    def closure(self, root: str, *, start: datetime | None = None, end: datetime | None = None) -> list[LineageNode]:
+        """The root and everything downstream as nodes, layered by longest path from
+        the root, with the partitions each would rebuild for [start, end) when given."""
+        return self.walk(root, start=start, end=end).nodes()
+
+    def expand(self, root: str, start: datetime, end: datetime) -> list[LineageNode]:
+        return self.closure(root, start=start, end=end)
+
+    def walk(self, root: str, *, start: datetime | None = None, end: datetime | None = None) -> Closure:
+        """The computation behind closure(), kept compact: names in topological order,
+        their layers, and one partition list per (grain, timezone)."""
+        if root not in self.jobs:
+            raise KeyError(root)
         seen = {root}
         queue = deque([root])
+        downstream = self.downstream_jobs
         while queue:
-            name = queue.popleft()
-            for consumer in self.consumers.get(self.jobs[name].dataset, ()):
+            for consumer in downstream[queue.popleft()]:
                 if consumer not in seen:
                     seen.add(consumer)
                     queue.append(consumer)
-        # Kahn's algorithm over the closure: layer = 1 + max(layer of upstreams).
-        ups = {n: [self.producer[d] for d in self.jobs[n].reads if self.producer.get(d) in seen] for n in seen}
-        ups[root] = []
-        pending = {n: len(u) for n, u in ups.items()}
-        layer = {root: 0}
-        ready = deque(n for n, count in pending.items() if count == 0)
-        order = []
-        while ready:
-            name = ready.popleft()
-            order.append(name)
-            for consumer in self.consumers.get(self.jobs[name].dataset, ()):
-                if consumer in pending and consumer != root:
-                    layer[consumer] = max(layer.get(consumer, 0), layer[name] + 1)
-                    pending[consumer] -= 1
-                    if pending[consumer] == 0:
-                        ready.append(consumer)
-        if len(order) != len(seen):
-            raise ValueError("lineage has a cycle below " + root)
-        return [LineageNode(job=self.jobs[n], layer=layer[n], upstream_jobs=ups[n]) for n in
-                sorted(order, key=lambda n: (layer[n], n))]
+        order = sorted(seen, key=self.topo_index.__getitem__)
+        # Topological order: an upstream inside the closure already has its layer; one
+        # outside it has none (get -> None) and does not count.
+        upstream_jobs, layer = self.upstream_jobs, {root: 0}
+        get = layer.get
+        for name in order[1:]:
+            depth = 0
+            for u in upstream_jobs[name]:
+                d = get(u)
+                if d is not None and d >= depth:
+                    depth = d + 1
+            layer[name] = depth
+        partitions: dict[tuple[str, str], list[str]] = {}
+        if start is not None:
+            for grain, tz in set(map(self.grain_of.__getitem__, order)):
+                key = (grain, tz, start, end)
+                if key not in self._mapping:
+                    if len(self._mapping) > 256:
+                        self._mapping.clear()
+                    self._mapping[key] = covered_partition_keys(grain=grain, timezone=tz, start=start, end=end)
+                partitions[(grain, tz)] = self._mapping[key]
+        return Closure(graph=self, root=root, order=order, layer=layer, partitions=partitions)
 
-    def expand(self, root: str, start: datetime, end: datetime) -> list[LineageNode]:
-        """closure() with the partitions each node would rebuild for [start, end)."""
-        nodes = self.closure(root)
-        mapping: dict[tuple[str, str], list[str]] = {}
-        for node in nodes:
-            key = (node.job.grain, node.job.timezone)
-            if key not in mapping:
-                mapping[key] = covered_partition_keys(grain=key[0], timezone=key[1], start=start, end=end)
-            node.partitions = mapping[key]
+
+@dataclass
+class Closure:
+    graph: LineageGraph
+    root: str
+    order: list[str]                  # topological
+    layer: dict[str, int]
+    partitions: dict[tuple[str, str], list[str]]
+
+    def nodes(self) -> list[LineageNode]:
+        jobs, layer, ups = self.graph.jobs, self.layer, self.graph.upstream_jobs
+        nodes = [LineageNode(jobs[n], layer[n], [u for u in ups[n] if u in layer] if n != self.root else [],
+                             self.partitions.get((jobs[n].grain, jobs[n].timezone), []))
+                 for n in self.order]
+        nodes.sort(key=_layer_of)  # stable: topological order within a layer
         return nodes
+
+
+def _layer_of(node: LineageNode) -> int:
+    return node.layer
 
 
 def covered_partitions(*, grain: str, timezone: str, start: datetime, end: datetime):

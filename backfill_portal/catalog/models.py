@@ -57,7 +57,7 @@ class Dataset(models.Model):
         blank=True, default="",
         help_text="a template returning one number: the core measure expected from the upstream for the interval",
     )
-    updated_at = models.DateTimeField(auto_now=True)
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
 
     class Meta:
         ordering = ["name"]
@@ -87,7 +87,7 @@ class Job(models.Model):
     current_code_version = models.ForeignKey(
         "CodeVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    updated_at = models.DateTimeField(auto_now=True)
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
 
     class Meta:
         ordering = ["name"]

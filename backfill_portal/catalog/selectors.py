@@ -25,8 +25,8 @@ def lineage_expand(*, root: str, start: str | None = None, end: str | None = Non
     job = Job.objects.select_related("dataset").filter(name=root).first()
     if job is None:
         raise NotFound(f"job {root!r} does not exist")
-    graph = LineageGraph.load()
     try:
+        graph = LineageGraph.cached()
         if start and end:
             planned = plan_intervals(grain=job.dataset.grain, timezone=job.dataset.timezone, first=start, last=end,
                                      limit=None)
