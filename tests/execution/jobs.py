@@ -44,3 +44,14 @@ def slow_items(context):
     for n in range(SLOW_ROWS):
         time.sleep(SLOW_SECONDS_PER_ROW)
         yield {"n": n, "label": f"{context.partition_key}-{n}"}
+
+
+def random_sample(context):
+    """A deliberately non-deterministic job: a random sample of the latest items, as an
+    analyst's "take 80% of the orders" notebook would. Second-rerun verification must
+    catch it: the same inputs give a different version each time."""
+    import random
+
+    for row in order_items(context):
+        if random.random() < 0.8:
+            yield row

@@ -111,11 +111,11 @@ def run_execute(*, run_id: str, worker: str = "") -> str:
     attempt = _start_attempt(run, f"{worker or socket.gethostname()}:{os.getpid()}")
     if attempt is None:
         return "claimed-elsewhere"
-    warehouse = get_warehouse()
     with log_context(run_id=run.run_id, attempt_no=attempt.attempt_no, request_id=run.request_id):
         logger.info("attempt %s of %s %s started", attempt.attempt_no, run.job.name, run.partition_key)
         try:
             with Heartbeat(attempt, every=run.job.heartbeat_timeout_seconds / 4) as beat:
+                warehouse = get_warehouse()
                 marker = warehouse.marker(run.run_id)
                 if marker is not None:
                     logger.info("commit marker found (attempt %s): not writing again", marker.attempt_no)
