@@ -182,6 +182,17 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "RequestStatusEnum": "backfill_portal.backfills.choices.RequestStatus",
+        "IntervalStatusEnum": "backfill_portal.backfills.choices.IntervalStatus",
+        "StepStatusEnum": "backfill_portal.backfills.choices.StepStatus",
+        "StepKindEnum": "backfill_portal.backfills.choices.StepKind",
+        "HandoffStatusEnum": "backfill_portal.backfills.models.HandoffItem.Status",
+        "JobKindEnum": "backfill_portal.catalog.choices.JobKind",
+        "RunStatusEnum": "backfill_portal.execution.choices.RunStatus",
+        "AttemptStatusEnum": "backfill_portal.execution.choices.AttemptStatus",
+        "PublicationActionEnum": "backfill_portal.warehouse.models.Publication.Action",
+    },
 }
 
 # --- Celery
@@ -211,9 +222,15 @@ CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "execution.sweep", "schedule": env_int("SWEEP_SECONDS", 15)},
     "schedule-production": {"task": "execution.schedule_production", "schedule": 60.0},
     "expire-handoffs": {"task": "backfills.expire_handoffs", "schedule": 300.0},
+    "purge-versions": {"task": "execution.purge_versions", "schedule": env_int("RETENTION_SWEEP_SECONDS", 3600)},
 }
 
 # --- Product limits
+# Versions older than this are purged (never the current or previous verified one of a
+# partition, nor anything a rollback or a running job still needs).
+VERSION_RETENTION_DAYS = env_int("VERSION_RETENTION_DAYS", 30)
+if VERSION_RETENTION_DAYS < 1:
+    raise ImproperlyConfigured(f"VERSION_RETENTION_DAYS={VERSION_RETENTION_DAYS} must be at least 1")
 BACKFILL_MAX_INTERVALS = env_int("BACKFILL_MAX_INTERVALS", 30000)
 # Requests with more intervals than this also need an admin's approval.
 BACKFILL_ADMIN_APPROVAL_OVER = env_int("BACKFILL_ADMIN_APPROVAL_OVER", 400)
