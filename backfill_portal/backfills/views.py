@@ -18,17 +18,19 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
-from backfill_portal.backfills.choices import IntervalStatus, RequestStatus, StepKind, StepStatus
+from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus
 from backfill_portal.backfills.forms import DecisionForm, ReasonForm, RequestForm, SubmitForm, partition_format
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
 from backfill_portal.backfills.planning import dst_notes, plan_intervals
 from backfill_portal.backfills.selectors import request_list as request_list_qs
 from backfill_portal.backfills.selectors import request_progress
 from backfill_portal.backfills.services.requests import (
+    NodeAction,
     backfill_request_cancel,
     backfill_request_create,
     backfill_request_decide,
     backfill_request_submit,
+    plan_cascade,
 )
 from backfill_portal.backfills.transitions import REQUEST_ACTIVE, REQUEST_EDGES, REQUEST_TERMINAL
 from backfill_portal.catalog.choices import JobKind
@@ -74,12 +76,17 @@ def _overlapping_active(job: Job, start, end, *, exclude_pk=None, limit: int = 2
     return list(qs[:limit])
 
 
-def _grid(req: BackfillRequest) -> dict:
+def _grid(req: BackfillRequest, total: int) -> dict:
     """One square per interval from one values query; above GRID_MAX_CELLS, one cell per
-    local day (hourly), month (daily) or year (monthly) from one GROUP BY query."""
+    local day (hourly), month (daily) or year (monthly) from one GROUP BY query.
+    `total` counts cascaded downstream intervals too (interval_count is the target's)."""
     base = Interval.objects.filter(request=req)
-    if req.interval_count <= GRID_MAX_CELLS:
-        cells = list(base.order_by("job_id", "position").values_list("partition_key", "status"))
+    if total <= GRID_MAX_CELLS:
+        if req.node_actions:  # several jobs: say which one each square is
+            rows = base.order_by("job_id", "position").values_list("job__name", "partition_key", "status")
+            cells = [(f"{name} {key}", status) for name, key, status in rows]
+        else:
+            cells = list(base.order_by("job_id", "position").values_list("partition_key", "status"))
         return {"mode": "cells", "cells": cells}
     grain = req.job.dataset.grain
     width, unit = {"hour": (10, "local day"), "day": (7, "month"), "month": (4, "year")}.get(grain, (10, "day"))
@@ -128,7 +135,7 @@ def _fingerprint(req: BackfillRequest, progress: dict) -> str:
 def _live_context(req: BackfillRequest, *, page_status: str, with_grid: bool = True) -> dict:
     progress = _progress(req)
     return {
-        "req": req, "progress": progress, "grid": _grid(req) if with_grid else None,
+        "req": req, "progress": progress, "grid": _grid(req, progress["total"]) if with_grid else None,
         "polling": req.status not in LIVE_FINAL, "page_status": page_status,
         "status_changed": page_status != req.status, "fingerprint": _fingerprint(req, progress),
     }
@@ -239,6 +246,10 @@ def request_new(request):
         messages.success(request, f"Draft #{obj.pk} saved with {obj.interval_count} intervals."
                          if created else f"Draft #{obj.pk} was already saved.")
         return redirect_after_post(request, detail)
+    if not created and obj.status != RequestStatus.DRAFT:
+        # A second press of "Create and submit" (double click, back button): already done.
+        messages.info(request, f"Request #{obj.pk} was already submitted; it is {obj.status}.")
+        return redirect_after_post(request, detail)
     try:
         backfill_request_submit(actor=request.user, request_id=obj.pk,
                                 confirm_overlap=form.cleaned_data.get("confirm_overlap", False))
@@ -265,8 +276,9 @@ def _render_new(request, form: RequestForm) -> HttpResponse:
     preview = None
     if form.is_bound or job is not None:
         preview = _preview_context(request.user, job=job, start=form.data.get("start", ""),
-                                   end=form.data.get("end", ""), effects=form.data.getlist("side_effects")
-                                   if form.is_bound else [])
+                                   end=form.data.get("end", ""),
+                                   effects=form.data.getlist("side_effects") if form.is_bound else [],
+                                   cascade=form.data.get("cascade", Cascade.NONE))
     return render_page(request, "backfills/request_new.html", {"form": form, "preview": preview})
 
 
@@ -279,6 +291,7 @@ def request_preview(request):
            if name else None)
     ctx = _preview_context(request.user, job=job, start=request.POST.get("start", ""),
                            end=request.POST.get("end", ""), effects=request.POST.getlist("side_effects"),
+                           cascade=request.POST.get("cascade", Cascade.NONE),
                            unknown_job=name if name and job is None else "")
     ctx["oob"] = True
     return render(request, "backfills/partials/_request_preview.html", {"preview": ctx, "oob": True})
@@ -292,7 +305,8 @@ class StepPreview:
     note: str = ""
 
 
-def _preview_context(user, *, job: Job | None, start: str, end: str, effects: list[str], unknown_job: str = "") -> dict:
+def _preview_context(user, *, job: Job | None, start: str, end: str, effects: list[str],
+                     cascade: str = Cascade.NONE, unknown_job: str = "") -> dict:
     ctx: dict = {"job": job, "errors": [], "start": (start or "").strip(), "end": (end or "").strip()}
     if job is None:
         ctx["errors"] = [f"Job {unknown_job!r} does not exist or is a source."] if unknown_job else []
@@ -309,19 +323,37 @@ def _preview_context(user, *, job: Job | None, start: str, end: str, effects: li
     except ValidationError as exc:
         ctx["errors"] = [m for ms in exc.fields.values() for m in ms] or [exc.message]
         return ctx
+    downstream = []
+    if cascade in (Cascade.CASCADE, Cascade.HANDOFF):
+        try:
+            # plan_cascade only reads (the lineage graph and the catalog): the same
+            # downstream set the service will freeze at creation.
+            downstream = plan_cascade(job=job, cascade=cascade, start=planned[0].start, end=planned[-1].end,
+                                      authorised=set(effects), overrides={})
+        except ValidationError as exc:
+            ctx["errors"] = [m for ms in exc.fields.values() for m in ms] or [exc.message]
+            return ctx
+    total = len(planned) + sum(len(n.partitions) for n in downstream if n.action != NodeAction.HANDOFF)
+    if total > settings.BACKFILL_MAX_INTERVALS:
+        ctx["errors"] = [f"with its cascade this range has {total} intervals; "
+                         f"the limit is {settings.BACKFILL_MAX_INTERVALS}"]
+        return ctx
     notes = dst_notes(planned)
     ctx.update({
-        "count": len(planned), "first": planned[0], "last": planned[-1],
+        "count": len(planned), "first": planned[0], "last": planned[-1], "total": total,
         "utc_start": planned[0].start, "utc_end": planned[-1].end,
         "notes": notes[:24], "more_notes": max(0, len(notes) - 24),
         "overlaps": _overlapping_active(job, planned[0].start, planned[-1].end),
-        "steps": _step_previews(user, job, effects, len(planned)),
+        "downstream": [{"job": n.job.name, "layer": n.layer, "action": n.action, "intervals": len(n.partitions)}
+                       for n in downstream],
+        "steps": _step_previews(user, job, effects, total, downstream),
     })
     return ctx
 
 
-def _step_previews(user, job: Job, effects: list[str], count: int) -> list[StepPreview]:
-    """What submission will create; mirrors backfills.services.requests._approval_steps."""
+def _step_previews(user, job: Job, effects: list[str], count: int, downstream: list) -> list[StepPreview]:
+    """What submission will create; mirrors backfills.services.requests._approval_steps
+    (target owner, each rebuilt downstream node's owner, each side effect, size)."""
 
     def approver_of(owner) -> tuple[str, str]:
         if owner.pk == user.pk:
@@ -330,6 +362,11 @@ def _step_previews(user, job: Job, effects: list[str], count: int) -> list[StepP
 
     who, note = approver_of(job.dataset.owner)
     steps = [StepPreview(StepKind.OWNER.label, job.dataset.name, who, note)]
+    rebuilt = sorted((n.job for n in downstream if n.action == NodeAction.REBUILD
+                      and n.job.kind in (JobKind.SQL, JobKind.PYTHON)), key=lambda j: j.name)
+    for node_job in rebuilt:
+        who, note = approver_of(node_job.dataset.owner)
+        steps.append(StepPreview(StepKind.DOWNSTREAM.label, node_job.dataset.name, who, note))
     chosen = (Job.objects.select_related("dataset__owner").filter(name__in=effects, kind=JobKind.SIDE_EFFECT)
               .order_by("name")) if effects else []
     for effect in chosen:
@@ -371,7 +408,7 @@ def request_live(request, pk: int):
     ctx = _live_context(req, page_status=page_status, with_grid=False)
     if ctx["polling"] and request.GET.get("v") == ctx["fingerprint"]:
         return HttpResponse(status=204)
-    ctx["grid"] = _grid(req)
+    ctx["grid"] = _grid(req, ctx["progress"]["total"])
     html = render(request, "backfills/partials/_request_live.html", ctx).content
     if not ctx["polling"]:
         return HttpResponseStopPolling(html)
@@ -386,7 +423,8 @@ def _run_action(verb: str, request, pk: int) -> str:
     if verb == "submit":
         form = SubmitForm(request.POST)
         form.is_valid()
-        backfill_request_submit(actor=user, request_id=pk, confirm_overlap=form.cleaned_data.get("confirm_overlap", False))
+        backfill_request_submit(actor=user, request_id=pk,
+                                confirm_overlap=form.cleaned_data.get("confirm_overlap", False))
         return f"Request #{pk} submitted for approval."
     if verb in ("approve", "reject"):
         form = DecisionForm(request.POST)

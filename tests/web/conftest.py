@@ -1,0 +1,55 @@
+"""Helpers for the web page tests: logged-in clients and requests in a given state,
+made through the same services the pages call."""
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from backfill_portal.backfills.models import BackfillRequest
+from backfill_portal.backfills.services.requests import (
+    backfill_request_cancel,
+    backfill_request_create,
+    backfill_request_decide,
+    backfill_request_submit,
+)
+from backfill_portal.execution.services.dispatch import request_start_after_approval
+
+REASON = "late order events from the payment gateway"
+
+
+@pytest.fixture
+def web(personas):
+    """web('alice') -> a Django test Client logged in as that persona."""
+
+    def client_for(name: str) -> Client:
+        client = Client()
+        client.force_login(personas[name])
+        return client
+
+    return client_for
+
+
+@pytest.fixture
+def make_request(personas, catalog):
+    """make_request(state="draft"|"pending"|"approved"|"running"|"cancelled", ...) -> BackfillRequest.
+
+    Approval does not start the request here (pytest-django never runs on_commit hooks
+    in a rolled-back test transaction), so "running" starts it explicitly."""
+
+    def make(state: str = "draft", *, requester: str = "alice", job: str = "dwd_order_items",
+             start: str = "2022-10-01", end: str = "2022-10-31", **kwargs) -> BackfillRequest:
+        actor = personas[requester]
+        req, _ = backfill_request_create(actor=actor, job=job, start=start, end=end, reason=REASON, **kwargs)
+        if state == "draft":
+            return BackfillRequest.objects.get(pk=req.pk)
+        backfill_request_submit(actor=actor, request_id=req.pk, confirm_overlap=True)
+        if state == "cancelled":
+            backfill_request_cancel(actor=actor, request_id=req.pk, reason="changed my mind")
+        elif state in ("approved", "running"):
+            for step in req.approval_steps.filter(status="pending").select_related("approver"):
+                backfill_request_decide(actor=step.approver or personas["admin"], request_id=req.pk, approve=True)
+            if state == "running":
+                request_start_after_approval(request_id=req.pk)
+        return BackfillRequest.objects.get(pk=req.pk)
+
+    return make

@@ -1,0 +1,250 @@
+"""The request detail page: what each persona is offered, what a forged POST gets, and
+the live partial that stops polling once the request is final."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.urls import reverse
+
+from backfill_portal.backfills.choices import IntervalStatus
+from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
+from backfill_portal.core.models import AuditEvent
+from backfill_portal.execution.models import Run
+from backfill_portal.execution.services.dispatch import dispatch_request
+
+
+def detail(req) -> str:
+    return reverse("request-detail", args=[req.pk])
+
+
+def action(req, verb: str) -> str:
+    return reverse(f"request-{verb}", args=[req.pk])
+
+
+def status_of(req) -> str:
+    return BackfillRequest.objects.values_list("status", flat=True).get(pk=req.pk)
+
+
+def test_detail_shows_header_progress_grid_steps_and_runs(web, make_request):
+    req = make_request("running")
+    dispatch_request(request_id=req.pk)
+    html = web("alice").get(detail(req)).content.decode()
+    assert '<span class="pill pill-running">running</span>' in html
+    assert "2022-10-01 → 2022-10-31" in html and "Asia/Shanghai" in html and "alice" in html
+    assert req.code_version.hash[:12] in html and "late order events" in html
+    assert 'class="progress"' in html and "4 queued" in html and "of <strong>31</strong> intervals" in html
+    assert html.count('<li class="cell s-') == 31
+    assert 'title="2022-10-01: queued"' in html and 'title="2022-10-31: planned"' in html
+    assert "Target dataset owner" in html and "olivia" in html
+    for run in Run.objects.filter(request=req):
+        assert f'href="/runs/{run.run_id}/"' in html
+    assert 'hx-trigger="every 2s"' in html and f'hx-get="/requests/{req.pk}/live/' in html
+
+
+def test_requester_cannot_see_approve_and_a_forged_approve_is_403_with_no_change(web, make_request):
+    req = make_request("pending")
+    client = web("alice")
+    html = client.get(detail(req)).content.decode()
+    assert action(req, "approve") not in html and action(req, "reject") not in html
+    events = AuditEvent.objects.exclude(action__startswith="denied.").count()
+    response = client.post(action(req, "approve"), {"comment": "looks fine to me"})
+    assert response.status_code == 403
+    assert "nobody approves a step of their own request" in response.content.decode()
+    assert status_of(req) == "pending_approval"
+    assert set(ApprovalStep.objects.filter(request=req).values_list("status", flat=True)) == {"pending"}
+    assert AuditEvent.objects.exclude(action__startswith="denied.").count() == events
+    assert AuditEvent.objects.filter(action="denied.approval.approve", actor_name="alice").count() == 1
+
+
+def test_owner_approves_from_the_detail_page(web, make_request, olivia):
+    req = make_request("pending")
+    client = web("olivia")
+    html = client.get(detail(req)).content.decode()
+    assert f'action="{action(req, "approve")}"' in html and f'formaction="{action(req, "reject")}"' in html
+    response = client.post(action(req, "approve"), {"comment": "checked the gateway fix"})
+    assert response.status_code == 302 and response["Location"] == detail(req)
+    assert status_of(req) == "approved"
+    step = ApprovalStep.objects.get(request=req)
+    assert (step.status, step.decided_by, step.comment) == ("approved", olivia, "checked the gateway fix")
+    row = AuditEvent.objects.get(action="request.approve", request_id=req.pk)
+    assert (row.actor_name, row.from_state, row.to_state) == ("olivia", "pending_approval", "approved")
+    page = client.get(response["Location"]).content.decode()
+    assert f"You approved request #{req.pk}; it is now approved." in page
+    assert action(req, "approve") not in page  # nothing left to decide
+
+
+def test_reject_without_a_comment_is_refused_with_the_reason_and_a_400(web, make_request):
+    req = make_request("pending")
+    response = web("olivia").post(action(req, "reject"), {"comment": ""})
+    assert response.status_code == 400
+    assert "say why you reject" in response.content.decode()
+    assert status_of(req) == "pending_approval"
+
+
+def test_owner_rejects_with_a_comment(web, make_request):
+    req = make_request("pending")
+    response = web("olivia").post(action(req, "reject"), {"comment": "use the corrected source first"})
+    assert response.status_code == 302 and status_of(req) == "rejected"
+
+
+def test_an_unrelated_owner_is_offered_nothing_and_refused(web, make_request):
+    req = make_request("pending")
+    client = web("sam")
+    html = client.get(detail(req)).content.decode()
+    assert 'id="actions-h"' not in html
+    assert client.post(action(req, "approve")).status_code == 403
+    assert client.post(action(req, "cancel")).status_code == 403
+    assert status_of(req) == "pending_approval"
+
+
+def test_auditor_reads_everything_and_changes_nothing(web, make_request):
+    req = make_request("running")
+    client = web("audrey")
+    html = client.get(detail(req)).content.decode()
+    assert 'id="actions-h"' not in html
+    for verb in ("cancel", "pause", "approve", "submit"):
+        assert client.post(action(req, verb)).status_code in (403, 409), verb
+    req.refresh_from_db()
+    assert req.status == "running" and not req.paused
+
+
+def test_requester_submits_a_draft_from_the_detail_page(web, make_request):
+    req = make_request("draft")
+    client = web("alice")
+    assert f'action="{action(req, "submit")}"' in client.get(detail(req)).content.decode()
+    assert client.post(action(req, "submit")).status_code == 302
+    assert status_of(req) == "pending_approval"
+
+
+def test_submitting_an_overlapping_draft_asks_for_confirmation_on_the_page(web, make_request):
+    make_request("pending", start="2022-10-01", end="2022-10-05")
+    draft = make_request("draft", start="2022-10-03", end="2022-10-04")
+    client = web("alice")
+    response = client.post(action(draft, "submit"))
+    assert response.status_code == 409
+    html = response.content.decode()
+    assert "confirm to submit anyway" in html and 'name="confirm_overlap"' in html
+    assert status_of(draft) == "draft"
+    assert client.post(action(draft, "submit"), {"confirm_overlap": "on"}).status_code == 302
+    assert status_of(draft) == "pending_approval"
+
+
+def test_submitting_twice_is_a_409_with_the_reason(web, make_request):
+    req = make_request("pending")
+    response = web("alice").post(action(req, "submit"))
+    assert response.status_code == 409 and "only a draft can be submitted" in response.content.decode()
+
+
+def test_requester_cancels_with_a_reason(web, make_request):
+    req = make_request("pending")
+    response = web("alice").post(action(req, "cancel"), {"reason": "wrong range"})
+    assert response.status_code == 302 and status_of(req) == "cancelled"
+    assert AuditEvent.objects.get(action="request.cancel", request_id=req.pk).reason == "wrong range"
+
+
+def test_oncall_pauses_and_resumes_someone_elses_running_request(web, make_request):
+    req = make_request("running")
+    client = web("oscar")
+    html = client.get(detail(req)).content.decode()
+    assert f'action="{action(req, "pause")}"' in html and f'action="{action(req, "cancel")}"' in html
+    assert action(req, "resume") not in html and action(req, "retry") not in html
+    assert client.post(action(req, "pause")).status_code == 302
+    req.refresh_from_db()
+    assert req.paused
+    html = client.get(detail(req)).content.decode()
+    assert f'action="{action(req, "resume")}"' in html and 'pill-paused' in html
+    assert client.post(action(req, "resume")).status_code == 302
+    req.refresh_from_db()
+    assert not req.paused
+    assert AuditEvent.objects.filter(request_id=req.pk, action__in=["request.pause", "request.resume"],
+                                     actor_name="oscar").count() == 2
+
+
+def test_pausing_a_paused_request_is_a_409(web, make_request):
+    req = make_request("running")
+    client = web("alice")
+    client.post(action(req, "pause"))
+    response = client.post(action(req, "pause"))
+    assert response.status_code == 409 and "only a running request can be paused" in response.content.decode()
+
+
+def test_retry_is_offered_only_with_failed_intervals_and_requeues_them(web, make_request):
+    from backfill_portal.backfills.transitions import interval_transition
+
+    req = make_request("running")
+    dispatch_request(request_id=req.pk)
+    client = web("alice")
+    assert action(req, "retry") not in client.get(detail(req)).content.decode()
+    interval = Interval.objects.get(request=req, position=0)
+    interval_transition(interval, to=IntervalStatus.FAILED, reason="test: worker died")
+    assert f'action="{action(req, "retry")}"' in client.get(detail(req)).content.decode()
+    assert client.post(action(req, "retry")).status_code == 302
+    interval.refresh_from_db()
+    assert interval.status in (IntervalStatus.QUEUED, IntervalStatus.PLANNED)
+
+
+def test_actions_need_post(web, make_request):
+    req = make_request("running")
+    assert web("alice").get(action(req, "pause")).status_code == 405
+
+
+def test_htmx_action_redirects_with_hx_location(web, make_request):
+    req = make_request("running")
+    response = web("alice").post(action(req, "pause"), HTTP_HX_REQUEST="true")
+    assert response.status_code == 200 and json.loads(response["HX-Location"])["path"] == detail(req)
+
+
+# --- the live partial ---------------------------------------------------------------------
+
+
+def test_live_partial_is_200_and_keeps_polling_while_running(web, make_request):
+    req = make_request("running")
+    response = web("alice").get(reverse("request-live", args=[req.pk]), HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "{% comment" not in html and "<html" not in html
+    assert 'id="live"' in html and 'hx-trigger="every 2s"' in html and html.count('<li class="cell') == 31
+
+
+def test_live_partial_is_286_once_the_request_is_cancelled(web, make_request):
+    req = make_request("cancelled")
+    response = web("alice").get(reverse("request-live", args=[req.pk]), HTTP_HX_REQUEST="true")
+    assert response.status_code == 286
+    html = response.content.decode()
+    assert "pill-cancelled" in html and "hx-trigger" not in html
+    page = web("alice").get(detail(req)).content.decode()
+    assert 'hx-trigger="every 2s"' not in page  # a final request is not polled at all
+
+
+@pytest.mark.parametrize("state", ["rejected", "completed", "failed"])
+def test_live_partial_stops_polling_for_every_final_state(web, make_request, state):
+    from backfill_portal.backfills.transitions import request_transition
+
+    req = make_request("pending" if state == "rejected" else "running")
+    path = {"rejected": ["rejected"], "completed": ["reconciling", "completed"], "failed": ["failed"]}[state]
+    for to in path:
+        request_transition(req, to=to, actor=None)
+    assert web("alice").get(reverse("request-live", args=[req.pk])).status_code == 286
+
+
+def test_live_partial_answers_204_when_nothing_changed_and_says_when_the_status_did(web, make_request):
+    req = make_request("pending")
+    client = web("alice")
+    url = reverse("request-live", args=[req.pk])
+    first = client.get(url, {"since": "pending_approval"}).content.decode()
+    fingerprint = first.split("v=")[1].split('"')[0]
+    assert client.get(url, {"since": "pending_approval", "v": fingerprint}).status_code == 204
+    web("olivia").post(action(req, "approve"))
+    changed = client.get(url, {"since": "pending_approval", "v": fingerprint})
+    assert changed.status_code == 200 and "The request is now <strong>approved</strong>" in changed.content.decode()
+
+
+def test_more_than_2000_intervals_show_one_cell_per_local_day(web, make_request):
+    req = make_request("pending", job="page_views_hourly", start="2022-10-01T00:00-04:00",
+                       end="2023-01-31T23:00-05:00")
+    assert req.interval_count > 2000
+    html = web("alice").get(detail(req)).content.decode()
+    assert "One cell per local day" in html
+    assert html.count('<li class="cell s-') == 123  # Oct 31 + Nov 30 + Dec 31 + Jan 31 local days
+    assert 'title="2022-11-06: 25 intervals, 25 planned"' in html
