@@ -500,7 +500,9 @@ class Warehouse:
             # Rounded like the fingerprint: a float sum may differ in its last bits
             # with the order rows are read in.
             measure_sum=None if measure_sum is None else round(float(measure_sum), _FINGERPRINT_DECIMALS),
-            fingerprint=self._fingerprint(spec, run_id),
+            # A committed version never changes: the marker's fingerprint, taken in the
+            # same transaction as the rows, saves hashing them all again.
+            fingerprint=marker.fingerprint if (marker := self._marker(run_id)) else self._fingerprint(spec, run_id),
             columns=columns,
         )
 
