@@ -6,7 +6,7 @@ from backfill_portal.backfills.api.governance import ApprovalStepViewSet, Handof
 from backfill_portal.catalog.api.views import DatasetViewSet, JobViewSet, lineage
 from backfill_portal.core.api_views import AuditEventViewSet
 from backfill_portal.execution.api.views import RunViewSet
-from backfill_portal.warehouse.api import partition_detail
+from backfill_portal.warehouse.api import partition_detail, partition_rollback_rebuild_view, partition_rollback_view
 
 router = DefaultRouter()
 router.register("datasets", DatasetViewSet, basename="dataset")
@@ -19,6 +19,9 @@ router.register("handoffs", HandoffViewSet, basename="handoff")
 
 urlpatterns = [
     path("datasets/<slug:name>/partitions/<str:key>/", partition_detail, name="partition-detail"),
+    path("datasets/<slug:name>/partitions/<str:key>/rollback/", partition_rollback_view, name="partition-rollback"),
+    path("datasets/<slug:name>/partitions/<str:key>/rollback/rebuild/", partition_rollback_rebuild_view,
+         name="partition-rollback-rebuild"),
     path("lineage/", lineage, name="lineage"),
     *router.urls,
 ]

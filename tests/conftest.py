@@ -322,7 +322,8 @@ class TaskQueue:
         """Run queued tasks in order (and what they enqueue) until none is left.
         Tasks for which `skip` is true stay queued, as undelivered messages would."""
         from backfill_portal.celery import app
-        import backfill_portal.execution.tasks  # noqa: F401  (registers the tasks)
+        import backfill_portal.backfills.tasks  # noqa: F401  (registers the tasks)
+        import backfill_portal.execution.tasks  # noqa: F401
 
         done, kept = [], []
         while self.sent and len(done) < limit:

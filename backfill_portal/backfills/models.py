@@ -142,3 +142,81 @@ class HandoffItem(models.Model):
         ordering = ["-id"]
         indexes = [models.Index(fields=["owner", "status"]), models.Index(fields=["status", "deadline"])]
         constraints = [models.UniqueConstraint(fields=["request", "job"], name="handoff_once_per_job")]
+
+
+class Reconciliation(models.Model):
+    """A request's reconciliation: the manifest, when it was computed and who signed it off.
+    The per-interval numbers are ReconciliationRow; "done" means signed off here."""
+
+    request = models.OneToOneField(BackfillRequest, on_delete=models.CASCADE, related_name="reconciliation")
+    computed_at = models.DateTimeField()
+    manifest = models.JSONField(default=dict, blank=True)
+    signed_off_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                      related_name="+")
+    signed_off_at = models.DateTimeField(null=True, blank=True)
+    signoff_comment = models.TextField(blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"reconciliation of request #{self.request_id}"
+
+
+class Verdict(models.TextChoices):
+    MATCHED = "matched"
+    EXPLAINED = "explained"
+    UNEXPLAINED = "unexplained"
+
+
+class ReconciliationRow(models.Model):
+    """The four numbers of one interval of a request, side by side.
+
+    `verdict` is derived (deviations + explanation) each time the row is computed or
+    explained; it is a classification, not a lifecycle, so it has no transitions map.
+    """
+
+    request = models.ForeignKey(BackfillRequest, on_delete=models.CASCADE, related_name="reconciliation_rows")
+    interval = models.ForeignKey(Interval, on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey("catalog.Job", on_delete=models.PROTECT, related_name="+")
+    dataset = models.ForeignKey("catalog.Dataset", on_delete=models.PROTECT, related_name="+")
+    position = models.PositiveIntegerField()
+    partition_key = models.CharField(max_length=40)
+    interval_status = models.CharField(max_length=12)
+    before_run_id = models.CharField(max_length=40, blank=True, default="")
+    after_run_id = models.CharField(max_length=40, blank=True, default="")
+    # 1. rows: before (current at submission), after (this request's version), baseline
+    rows_before = models.BigIntegerField(null=True, blank=True)
+    rows_after = models.BigIntegerField(null=True, blank=True)
+    rows_baseline = models.FloatField(null=True, blank=True)
+    # 2. business keys
+    distinct_keys = models.BigIntegerField(null=True, blank=True)
+    null_keys = models.BigIntegerField(null=True, blank=True)
+    # 3. core measure vs source
+    measure_before = models.FloatField(null=True, blank=True)
+    measure_after = models.FloatField(null=True, blank=True)
+    measure_source = models.FloatField(null=True, blank=True)
+    # 4. what the nearest downstream dataset shows now
+    downstream_dataset = models.CharField(max_length=128, blank=True, default="")
+    downstream_partition = models.CharField(max_length=40, blank=True, default="")
+    downstream_run_id = models.CharField(max_length=40, blank=True, default="")
+    downstream_value = models.FloatField(null=True, blank=True)
+    downstream_reads_after = models.BooleanField(null=True, blank=True)
+    recomputed = models.BooleanField(default=False, help_text="recomputed against current (changed) upstream")
+    deviations = models.JSONField(default=list, blank=True)
+    verdict = models.CharField(max_length=12, choices=Verdict.choices)
+    explanation = models.TextField(blank=True, default="")
+    explained_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                     related_name="+")
+    explained_at = models.DateTimeField(null=True, blank=True)
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["request_id", "job_id", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "interval"], name="reconciliation_row_once_per_interval"),
+        ]
+        indexes = [
+            models.Index(fields=["request", "verdict"]),
+            models.Index(fields=["request", "partition_key"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"request #{self.request_id} {self.partition_key}: {self.verdict}"

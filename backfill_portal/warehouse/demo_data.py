@@ -314,22 +314,27 @@ def _copy_rows(db: WarehouseDB, table: str, columns: tuple[str, ...], rows: list
                 copy.write_row(row)
 
 
-_HMS: list[str] = []
+_HMS: dict[str, list[str]] = {}
 
 
 def _timestamp_formatter(db: WarehouseDB, day_start: int):
-    """A function of epoch seconds -> the dialect's stored value, identical to
-    `db.ts()`, for instants from two days before `day_start` to eight days after.
-    SQLite's text form is assembled from a per-day prefix (made by `db.ts`) and an
-    HH:MM:SS table: formatting millions of datetimes one by one costs more than the
-    insert itself."""
-    if db.dialect != "sqlite":
-        return lambda epoch: db.ts(_EPOCH + timedelta(seconds=epoch))
-    if not _HMS:
-        _HMS.extend(f"{h:02d}:{m:02d}:{s:02d}" for h in range(24) for m in range(60) for s in range(60))
-    hms = _HMS
+    """A function of epoch seconds -> the value `db.ts()` stores, for instants from two
+    days before `day_start` to eight days after. Formatting millions of datetimes one
+    by one costs more than the insert itself, so the text is assembled from a per-day
+    prefix (made by `db.ts`) and an HH:MM:SS table. SQLite stores exactly that text;
+    PostgreSQL gets it with a +00 offset through COPY, which parses it as timestamptz."""
+    suffix = "" if db.dialect == "sqlite" else "+00"
+    hms = _HMS.get(suffix)
+    if hms is None:
+        hms = _HMS[suffix] = [
+            f"{h:02d}:{m:02d}:{s:02d}{suffix}" for h in range(24) for m in range(60) for s in range(60)
+        ]
     base = day_start // 86400 - 2
-    prefixes = [db.ts(_EPOCH + timedelta(days=base + i))[:11] for i in range(11)]
+    days = [db.ts(_EPOCH + timedelta(days=base + i)) for i in range(11)]
+    if db.dialect == "sqlite":
+        prefixes = [value[:11] for value in days]
+    else:
+        prefixes = [value.strftime("%Y-%m-%d ") for value in days]
     return lambda epoch: prefixes[epoch // 86400 - base] + hms[epoch % 86400]
 
 

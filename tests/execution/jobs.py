@@ -1,7 +1,7 @@
 """Python callables used by the test catalog's python jobs."""
 from __future__ import annotations
 
-CRASH = {"after_fraction": None, "times": 0}
+CRASH = {"after_fraction": None, "times": 0, "let_through": 0}
 
 
 def order_items(context):
@@ -19,7 +19,9 @@ def order_items(context):
     out = [{"order_id": r["order_id"], "item_id": r["item_id"], "category": r["category"], "amount": r["amount"]}
            for _, r in sorted(latest.values(), key=lambda x: (x[1]["order_id"], x[1]["item_id"]))]
     limit = None
-    if CRASH["times"] > 0 and CRASH["after_fraction"] is not None:
+    if CRASH["let_through"] > 0:
+        CRASH["let_through"] -= 1
+    elif CRASH["times"] > 0 and CRASH["after_fraction"] is not None:
         CRASH["times"] -= 1
         limit = int(len(out) * CRASH["after_fraction"])
     for i, row in enumerate(out):

@@ -21,6 +21,19 @@ from backfill_portal.backfills.services.requests import (
     request_get,
 )
 from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
+from backfill_portal.backfills.api.reconciliation import (  # noqa: I001  (issue 5: reconciliation, rollback)
+    ExplainSerializer,
+    ReconciliationCSVRenderer,
+    ReconciliationRowSerializer,
+    ReconciliationSerializer,
+    RequestRollbackResultSerializer,
+    RollbackSerializer,
+    SignoffSerializer,
+)
+from backfill_portal.backfills.services import reconciliation as reconciliation_service
+from backfill_portal.warehouse.services import rollback as rollback_service
+from rest_framework import renderers
+from rest_framework.reverse import reverse
 
 
 class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -87,3 +100,67 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @action(detail=True, methods=["post"])
     def retry_failed(self, request, pk=None):
         return self._detail(request_retry_failed(actor=request.user, request_id=pk))
+
+    # -- reconciliation, sign-off and rollback ------------------------------------------
+
+    def _reconciliation(self, obj, code=status.HTTP_200_OK, fmt=None):
+        data = ReconciliationSerializer(obj, context={"request": self.request}).data
+        response = Response(data, status=code)
+        if fmt == "csv" or self.request.query_params.get("format") == "csv":
+            response["Content-Disposition"] = f'attachment; filename="request-{obj.request_id}-reconciliation.csv"'
+        return response
+
+    @extend_schema(methods=["GET"], request=None, responses=ReconciliationSerializer,
+                   description="The manifest and the four numbers per interval (computed on first read). "
+                               "`?format=csv` or `reconciliation.csv` exports the table and the manifest.")
+    @extend_schema(methods=["POST"], request=None, responses=ReconciliationSerializer,
+                   description="Recompute the reconciliation now (explanations are kept).")
+    @action(detail=True, methods=["get", "post"],
+            renderer_classes=[renderers.JSONRenderer, renderers.BrowsableAPIRenderer, ReconciliationCSVRenderer])
+    def reconciliation(self, request, pk=None, format=None):
+        if request.method == "POST":
+            obj = reconciliation_service.reconciliation_recompute(actor=request.user, request_id=pk)
+        else:
+            obj = reconciliation_service.reconciliation_get(request_id=pk)
+        return self._reconciliation(obj, fmt=format)
+
+    @extend_schema(request=ExplainSerializer, responses=ReconciliationRowSerializer)
+    @action(detail=True, methods=["post"], url_path=r"intervals/(?P<key>[^/]+)/explain")
+    def explain(self, request, pk=None, key=None):
+        body = ExplainSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        row = reconciliation_service.interval_explain(actor=request.user, request_id=pk, partition_key=key,
+                                                      **body.validated_data)
+        return Response(ReconciliationRowSerializer(row).data)
+
+    @extend_schema(request=SignoffSerializer, responses=RequestDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def signoff(self, request, pk=None):
+        body = SignoffSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return self._detail(reconciliation_service.reconciliation_signoff(actor=request.user, request_id=pk,
+                                                                          **body.validated_data))
+
+    @extend_schema(methods=["POST"], request=RollbackSerializer, responses=RequestRollbackResultSerializer,
+                   description="Move every partition this request published back to its previous verified "
+                               "version (compare-and-set: 409 if someone published since), and list the "
+                               "consumer runs that read the rolled-back versions.")
+    @extend_schema(methods=["GET"], request=None, responses=RequestRollbackResultSerializer)
+    @action(detail=True, methods=["get", "post"])
+    def rollback(self, request, pk=None):
+        if request.method == "GET":
+            state = rollback_service.rollback_state(request_id=pk)
+        else:
+            body = RollbackSerializer(data=request.data)
+            body.is_valid(raise_exception=True)
+            state = rollback_service.request_rollback(actor=request.user, request_id=pk, **body.validated_data)
+        state["rebuild"] = reverse("request-rollback-rebuild", kwargs={"pk": pk}, request=request)
+        return Response(state)
+
+    @extend_schema(request=None, responses={201: RequestSerializer(many=True)},
+                   description="One click: file (create and submit) a request for each consumer job that read a "
+                               "rolled-back version, over the affected partitions, parent = this request.")
+    @action(detail=True, methods=["post"], url_path="rollback/rebuild", url_name="rollback-rebuild")
+    def rollback_rebuild(self, request, pk=None):
+        filed = rollback_service.rollback_rebuild(actor=request.user, request_id=pk)
+        return Response(RequestSerializer(filed, many=True).data, status=status.HTTP_201_CREATED)

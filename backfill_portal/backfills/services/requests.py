@@ -190,9 +190,8 @@ def plan_cascade(*, job: Job, cascade: str, start, end, authorised: set[str],
     side-effect nodes that were not authorised (skipped, recorded per interval) and
     nodes the requester chose to skip. handoff: downstream owners decide later.
     """
-    graph = LineageGraph.load()
     try:
-        nodes = graph.closure(job.name)[1:]
+        nodes = LineageGraph.cached().closure(job.name)[1:]
     except ValueError as exc:
         raise ValidationError(str(exc), field="cascade") from None
     names = {n.job.name for n in nodes}

@@ -222,6 +222,7 @@ def request_check_done(request: BackfillRequest, *, progressed: bool = False) ->
     else:
         request_transition(request, to=R.RECONCILING, actor=None, action="request.reconciling",
                            reason="every interval published or skipped; reconciliation pending")
+        enqueue("backfills.reconcile_request", request.pk, headers={"request_id": request.pk})
         transaction.on_commit(lambda: request_reached_reconciling(request.pk))
 
 

@@ -19,6 +19,7 @@ from backfill_portal.core.logging import log_context
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import AttemptStatus as A
 from backfill_portal.execution.choices import RunStatus as S
+from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.queue import enqueue
 from backfill_portal.execution.services.dispatch import enqueue_execute, enqueue_verify
@@ -176,10 +177,25 @@ def attempt_fail(*, attempt: Attempt, run: Run, error: str, to: str = A.FAILED) 
                 return "retrying"
             run_transition(run, to=S.FAILED, reason=f"failed after {attempt.attempt_no} attempt(s)",
                            updates={"error": error[:4000], "finished_at": timezone.now()})
+            if run.run_type == RunType.VERIFICATION:
+                _original_unproven(run)
             _interval_failed(run)
             return "failed"
     except ConflictError:
         return "fenced"
+
+
+def _original_unproven(verification: Run) -> None:
+    """A second rerun that cannot complete proves nothing: its original must not wait
+    in `verifying` (holding a slot) nor be published unproven."""
+    from backfill_portal.execution.services.verify import _original_of
+
+    original = _original_of(verification)
+    if original is not None and original.status == S.VERIFYING:
+        run_transition(original, to=S.VERIFICATION_FAILED,
+                       reason=f"second rerun {verification.run_id} failed: {verification.error[:300]}",
+                       updates={"error": "second rerun could not complete; not published unproven",
+                                "finished_at": timezone.now()})
 
 
 def _interval_failed(run: Run) -> None:

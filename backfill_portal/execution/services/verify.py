@@ -20,12 +20,13 @@ from backfill_portal.backfills.transitions import interval_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
 from backfill_portal.execution.choices import RunStatus as S
+from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import CheckResult, Run
 from backfill_portal.execution.queue import enqueue
 from backfill_portal.execution.services.runs import _interval_failed, run_get
 from backfill_portal.execution.transitions import run_transition
 from backfill_portal.warehouse.adapter import PublishConflict
-from backfill_portal.warehouse.models import Publication, Version
+from backfill_portal.warehouse.models import Consumption, Publication, Version
 from backfill_portal.warehouse.registry import get_warehouse, spec_for
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,8 @@ def run_verify(*, run_id: str) -> str:
     run = run_get(run_id)
     if run is None:
         return "missing"
+    if run.run_type == RunType.VERIFICATION:
+        return second_rerun_compare(run_id=run_id)
     if run.status == S.VERIFIED:
         return run_publish(run_id=run_id)
     if run.status != S.STAGED:
@@ -148,6 +151,9 @@ def run_verify(*, run_id: str) -> str:
                 _interval_failed(run)
                 logger.warning("verification failed: %s", reason)
                 return "verification_failed"
+            if _needs_second_rerun(run):
+                second_rerun_start(run)
+                return "awaiting-second-rerun"
             expected = warehouse.current(run.job.dataset.name, run.partition_key) or ""
             run_transition(run, to=S.VERIFIED, data={"checks": summary},
                            updates={"expected_previous_run_id": expected})
@@ -163,6 +169,8 @@ def run_publish(*, run_id: str, actor=None) -> str:
     run = run_get(run_id)
     if run is None or run.status != S.VERIFIED:
         return f"skipped-{run.status if run else 'missing'}"
+    if run.run_type == RunType.VERIFICATION:
+        return "skipped-verification-run"  # computed only to be compared, never shown
     warehouse = get_warehouse()
     dataset = run.job.dataset
     expected = run.expected_previous_run_id or None
@@ -196,3 +204,123 @@ def run_publish(*, run_id: str, actor=None) -> str:
                 enqueue("execution.dispatch_request", run.request_id, headers={"request_id": run.request_id})
         logger.info("published %s/%s (previous %s)", dataset.name, run.partition_key, expected)
     return "published"
+
+
+# -- second-rerun verification (requests with verify_twice) ----------------------------------
+#
+# A small state machine driven by the ordinary tasks:
+#   original: staged -> verifying (checks pass) ... waits in `verifying`
+#   verification run: created queued, with the original's pinned inputs copied, executed
+#   by execute_run into its own isolated version, staged, then verify_run compares it:
+#     same fingerprint and numbers -> original verified -> published;
+#                                      the verification run is retired (never published)
+#     different                    -> both verification_failed ("non-deterministic"), the
+#                                      interval fails, nothing becomes visible.
+# The original waits in `verifying` rather than `verified` so that no path (the sweeper
+# re-sending verified runs, a duplicate task) can publish it before the comparison.
+
+
+def _needs_second_rerun(run: Run) -> bool:
+    return bool(run.run_type == RunType.BACKFILL and run.request_id and run.interval_id and run.request.verify_twice)
+
+
+def _original_of(verification: Run) -> Run | None:
+    """The backfill run a verification run recomputes: the latest one of the same
+    interval created before it (a retry of the interval creates a new original later)."""
+    return (Run.objects.select_related("job__dataset", "request", "interval")
+            .filter(interval_id=verification.interval_id, run_type=RunType.BACKFILL, pk__lt=verification.pk)
+            .order_by("-pk").first())
+
+
+def second_rerun_start(run: Run) -> Run:
+    """Create the verification run of `run` (inside the caller's transaction): same job,
+    interval and code version, the same pinned inputs (its Consumption rows are copied
+    before it executes, and pin_inputs reuses existing rows), then queue it."""
+    from backfill_portal.core.services.audit import audit_record
+    from backfill_portal.execution.services.dispatch import enqueue_execute
+
+    existing = Run.objects.filter(interval_id=run.interval_id, run_type=RunType.VERIFICATION, pk__gt=run.pk).first()
+    if existing is not None:
+        return existing
+    verification = Run.objects.create(
+        job=run.job, run_type=RunType.VERIFICATION, request=run.request, interval=run.interval,
+        partition_key=run.partition_key, data_interval_start=run.data_interval_start,
+        data_interval_end=run.data_interval_end, code_version_id=run.code_version_id,
+    )
+    Consumption.objects.bulk_create([
+        Consumption(run=verification, dataset_id=c.dataset_id, partition_key=c.partition_key, version_id=c.version_id,
+                    watermark=c.watermark, pinned_at=c.pinned_at)
+        for c in Consumption.objects.filter(run=run)
+    ])
+    audit_record(actor=None, action="run.created", object_type="run", object_id=verification.pk,
+                 request_id=run.request_id, dataset=run.job.dataset.name, to_state=S.QUEUED,
+                 reason=f"second-rerun verification of {run.run_id}",
+                 data={"run_id": verification.run_id, "partition": run.partition_key, "run_type": RunType.VERIFICATION,
+                       "verifies": run.run_id, "code_version": run.code_version_id})
+    enqueue_execute(verification)
+    logger.info("checks passed; second rerun %s queued before publishing", verification.run_id)
+    return verification
+
+
+def _numbers(profile) -> dict:
+    return {"fingerprint": profile.fingerprint, "rows": profile.row_count, "distinct_keys": profile.distinct_keys,
+            "null_keys": profile.null_keys, "measure": profile.measure_sum}
+
+
+def second_rerun_compare(*, run_id: str) -> str:
+    """Compare a staged verification run with its original; publish the original only
+    when the fingerprint and the four numbers are the same."""
+    verification = run_get(run_id)
+    if verification is None:
+        return "missing"
+    if verification.status != S.STAGED:
+        return f"skipped-{verification.status}"
+    with log_context(run_id=verification.run_id, request_id=verification.request_id):
+        try:
+            run_transition(verification, to=S.VERIFYING)
+        except ConflictError:
+            return "claimed-elsewhere"
+        original = _original_of(verification)
+        if original is None or original.status != S.VERIFYING:
+            state = original.status if original else "missing"
+            run_transition(verification, to=S.CANCELLED, reason=f"its original run is {state}; nothing to compare",
+                           updates={"finished_at": timezone.now()})
+            return "orphan"
+        warehouse = get_warehouse()
+        spec = spec_for(original.job.dataset)
+        try:
+            first = _numbers(warehouse.profile(spec=spec, run_id=original.run_id))
+            second = _numbers(warehouse.profile(spec=spec, run_id=verification.run_id))
+        except Exception as exc:
+            logger.warning("second-rerun comparison could not run: %s", exc)
+            run_transition(verification, to=S.STAGED, reason=f"comparison could not run: {exc}")
+            raise
+        differs = sorted(k for k in first if first[k] != second[k])
+        observed = {"original_run_id": original.run_id, "verification_run_id": verification.run_id,
+                    "original": first, "second": second, "differs": differs}
+        now = timezone.now()
+        with transaction.atomic():
+            message = "" if not differs else (
+                "non-deterministic: the same code on the same pinned inputs gave a different result ("
+                + ", ".join(f"{k} {first[k]} vs {second[k]}" for k in differs) + ")")
+            for target in (original, verification):
+                CheckResult.objects.create(run=target, name="second_rerun", blocking=True, passed=not differs,
+                                           observed=observed, message=message, checked_at=now)
+            if differs:
+                run_transition(verification, to=S.VERIFICATION_FAILED, reason=message[:500],
+                               updates={"error": message[:4000], "finished_at": now},
+                               data={"verifies": original.run_id})
+                run_transition(original, to=S.VERIFICATION_FAILED, reason=message[:500],
+                               updates={"error": message[:4000], "finished_at": now},
+                               data={"checks": {"second_rerun": False}, "verification_run_id": verification.run_id})
+                _interval_failed(original)
+                logger.warning("%s", message)
+                return "non_deterministic"
+            # Retired, not published: a verification run only ever proves the original.
+            run_transition(verification, to=S.CANCELLED, updates={"finished_at": now},
+                           reason=f"second rerun matched {original.run_id}; verification runs are never published",
+                           data={"verifies": original.run_id, "fingerprint": second["fingerprint"]})
+            expected = warehouse.current(original.job.dataset.name, original.partition_key) or ""
+            run_transition(original, to=S.VERIFIED, updates={"expected_previous_run_id": expected},
+                           data={"checks": {"second_rerun": True}, "verification_run_id": verification.run_id})
+    return run_publish(run_id=original.run_id)

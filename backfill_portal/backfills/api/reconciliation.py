@@ -1,0 +1,135 @@
+"""Serializers and the CSV renderer for reconciliation, sign-off and rollback."""
+from __future__ import annotations
+
+import csv
+import io
+
+from rest_framework import renderers, serializers
+
+from backfill_portal.backfills.models import Reconciliation, ReconciliationRow
+
+
+class ReconciliationRowSerializer(serializers.ModelSerializer):
+    job = serializers.CharField(source="job.name")
+    dataset = serializers.CharField(source="dataset.name")
+    status = serializers.CharField(source="verdict")
+    explained_by = serializers.CharField(source="explained_by.username", allow_null=True, default=None)
+
+    class Meta:
+        model = ReconciliationRow
+        fields = ["job", "dataset", "partition_key", "position", "interval_status", "status", "deviations",
+                  "recomputed", "before_run_id", "after_run_id", "rows_before", "rows_after", "rows_baseline",
+                  "distinct_keys", "null_keys", "measure_before", "measure_after", "measure_source",
+                  "downstream_dataset", "downstream_partition", "downstream_run_id", "downstream_value",
+                  "downstream_reads_after", "explanation", "explained_by", "explained_at", "computed_at"]
+
+
+class ReconciliationSerializer(serializers.ModelSerializer):
+    request = serializers.IntegerField(source="request_id")
+    request_status = serializers.CharField(source="request.status")
+    signed_off_by = serializers.CharField(source="signed_off_by.username", allow_null=True, default=None)
+    rows = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Reconciliation
+        fields = ["request", "request_status", "computed_at", "signed_off_by", "signed_off_at", "signoff_comment",
+                  "manifest", "rows"]
+
+    def get_rows(self, obj) -> list[dict]:
+        from backfill_portal.backfills.services.reconciliation import reconciliation_rows
+
+        return ReconciliationRowSerializer(reconciliation_rows(obj), many=True).data
+
+
+class ExplainSerializer(serializers.Serializer):
+    explanation = serializers.CharField(allow_blank=True, max_length=4000)
+    job = serializers.CharField(max_length=128, required=False, allow_null=True, default=None,
+                                help_text="only for a cascade request whose jobs share the partition key")
+
+
+class SignoffSerializer(serializers.Serializer):
+    comment = serializers.CharField(allow_blank=True, default="", max_length=4000)
+
+
+class RollbackSerializer(serializers.Serializer):
+    reason = serializers.CharField(allow_blank=True, max_length=4000)
+
+
+class ConsumerSerializer(serializers.Serializer):
+    run_id = serializers.CharField()
+    job = serializers.CharField()
+    dataset = serializers.CharField()
+    partition_key = serializers.CharField()
+    status = serializers.CharField()
+    run_type = serializers.CharField()
+    request = serializers.IntegerField(allow_null=True)
+    read = serializers.ListField(child=serializers.DictField())
+
+
+class PartitionMoveSerializer(serializers.Serializer):
+    dataset = serializers.CharField()
+    partition_key = serializers.CharField()
+    from_run_id = serializers.CharField()
+    to_run_id = serializers.CharField()
+
+
+class RequestRollbackResultSerializer(serializers.Serializer):
+    request = serializers.IntegerField()
+    partitions = PartitionMoveSerializer(many=True)
+    consumers = ConsumerSerializer(many=True)
+    rebuild = serializers.CharField(help_text="POST here to file requests rebuilding the consumers")
+
+
+# -- CSV ----------------------------------------------------------------------------------
+
+CSV_COLUMNS = ["job", "dataset", "partition_key", "interval_status", "status", "recomputed", "deviations",
+               "rows_before", "rows_after", "rows_baseline", "distinct_keys", "null_keys", "measure_before",
+               "measure_after", "measure_source", "downstream_dataset", "downstream_partition", "downstream_value",
+               "downstream_reads_after", "explanation", "explained_by", "explained_at", "before_run_id",
+               "after_run_id"]
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return "; ".join(str(v) for v in value)
+    return str(value)
+
+
+class ReconciliationCSVRenderer(renderers.BaseRenderer):
+    """The table, then the manifest (counts, then one line per exception), in one file."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        out = io.StringIO()
+        writer = csv.writer(out)
+        if not isinstance(data, dict) or "rows" not in data:
+            writer.writerow(["detail"])
+            writer.writerow([_cell((data or {}).get("detail", data) if isinstance(data, dict) else data)])
+            return out.getvalue().encode(self.charset)
+        writer.writerow(CSV_COLUMNS)
+        for row in data["rows"]:
+            writer.writerow([_cell(row.get(c)) for c in CSV_COLUMNS])
+        manifest = data.get("manifest") or {}
+        writer.writerow([])
+        writer.writerow(["manifest", "value"])
+        writer.writerow(["request", data.get("request")])
+        for key in ("intervals_planned", "runs_created", "verification_runs", "versions_published", "recomputed"):
+            writer.writerow([key, _cell(manifest.get(key))])
+        for key, value in (manifest.get("verdicts") or {}).items():
+            writer.writerow([f"intervals_{key}", value])
+        writer.writerow([])
+        writer.writerow(["exception", "dataset_or_job", "partition_key", "detail"])
+        for name, items in (manifest.get("exceptions") or {}).items():
+            for item in items:
+                if not isinstance(item, dict):
+                    writer.writerow([name, "", item, ""])
+                    continue
+                detail = {k: v for k, v in item.items() if k not in ("dataset", "job", "partition_key")}
+                writer.writerow([name, item.get("dataset") or item.get("job", ""), item.get("partition_key", ""),
+                                 "; ".join(f"{k}={_cell(v)}" for k, v in detail.items())])
+        return out.getvalue().encode(self.charset)

@@ -1,0 +1,599 @@
+"""Reconciliation: "done" means reconciled, not "all runs green" (DESIGN invariant 9).
+
+For a request, the *manifest* (intervals planned, runs created, versions published and
+the exceptions by name) and, per interval, the *four numbers* side by side:
+
+1. rows: before (the version current when the request was submitted), after (the
+   version this request published), baseline (median of the trailing partitions as
+   they stood at submission, so the request's own output cannot vouch for itself);
+2. business keys: rows versus distinct keys and NULL keys;
+3. the core measure versus the source (the `measure_vs_source` check when the
+   dataset declares one);
+4. what the nearest downstream dataset shows for that partition now.
+
+Each interval is `matched`, `explained` or `unexplained`; sign-off is refused while
+any is unexplained. All warehouse numbers come from grouped queries over every run of
+the request at once (warehouse.services.profiles), never one query per interval.
+"""
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from django.db import connection, transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from backfill_portal.backfills.choices import IntervalStatus as I
+from backfill_portal.backfills.choices import RequestStatus as R
+from backfill_portal.backfills.models import BackfillRequest, Interval, Reconciliation, ReconciliationRow, Verdict
+from backfill_portal.backfills.planning import partition_for
+from backfill_portal.backfills.transitions import request_transition
+from backfill_portal.catalog.choices import JobKind
+from backfill_portal.catalog.models import Dataset, Job
+from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
+from backfill_portal.core.models import AuditEvent
+from backfill_portal.core.roles import Role, deny, has_role
+from backfill_portal.core.services.audit import audit_record
+from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
+from backfill_portal.execution.models import CheckResult, Run
+from backfill_portal.execution.transitions import RUN_ACTIVE
+from backfill_portal.warehouse.models import Consumption, Publication
+from backfill_portal.warehouse.registry import get_warehouse, spec_for
+from backfill_portal.warehouse.services.profiles import current_many, measure_many, profile_many
+
+DEFAULT_ROW_BAND = 0.5
+DEFAULT_MEASURE_REL = 0.001
+BASELINE_WINDOW = 7
+_CHUNK = 500
+# A run whose version was published at some point (it may since have been replaced).
+_WAS_PUBLISHED = (RunStatus.PUBLISHED, RunStatus.SUPERSEDED, RunStatus.ROLLED_BACK)
+_NOT_YET = (R.DRAFT, R.PENDING_APPROVAL, R.APPROVED, R.REJECTED)
+
+
+def _chunks(items: list, size: int = _CHUNK):
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _request(request_id) -> BackfillRequest:
+    try:
+        return BackfillRequest.objects.select_related("job__dataset__owner", "requested_by").get(pk=int(request_id))
+    except (BackfillRequest.DoesNotExist, ValueError, TypeError):
+        raise NotFound(f"backfill request {request_id} does not exist") from None
+
+
+# -- the numbers --------------------------------------------------------------------------
+
+
+@dataclass
+class _VersionInfo:
+    version_pk: int
+    run_pk: int
+    run_id: str
+    row_count: int
+    fingerprint: str
+    purged: bool
+
+
+def _before_world(dataset: Dataset, *, first: str, last: str, cutoff) -> dict[str, _VersionInfo]:
+    """{partition: the version in effect at `cutoff`} for the request's partitions and
+    the BASELINE_WINDOW published partitions before them, from the publication history."""
+    trailing = list(
+        Publication.objects.filter(dataset=dataset, partition_key__lt=first, published_at__lte=cutoff)
+        .order_by("-partition_key").values_list("partition_key", flat=True).distinct()[:BASELINE_WINDOW]
+    )
+    lower = min(trailing) if trailing else first
+    latest: dict[str, tuple] = {}
+    rows = (Publication.objects.filter(dataset=dataset, partition_key__gte=lower, partition_key__lte=last,
+                                       published_at__lte=cutoff)
+            .values_list("partition_key", "id", "version_id", "version__run_id", "version__run__run_id",
+                         "version__row_count", "version__fingerprint", "version__purged_at"))
+    for row in rows:
+        if row[0] not in latest or row[1] > latest[row[0]][1]:
+            latest[row[0]] = row
+    return {p: _VersionInfo(version_pk=r[2], run_pk=r[3], run_id=r[4], row_count=r[5], fingerprint=r[6],
+                            purged=r[7] is not None) for p, r in latest.items()}
+
+
+def _baselines(before: dict[str, _VersionInfo], partitions: list[str]) -> dict[str, float | None]:
+    """Median row count of the BASELINE_WINDOW partitions before each one, as they stood
+    at submission (one pass over the sorted keys)."""
+    keys = sorted(before)
+    counts = [before[k].row_count for k in keys]
+    out: dict[str, float | None] = {}
+    for partition in partitions:
+        i = bisect.bisect_left(keys, partition)
+        window = counts[max(0, i - BASELINE_WINDOW):i]
+        out[partition] = float(statistics.median(window)) if window else None
+    return out
+
+
+def _nearest_downstream(dataset: Dataset) -> Dataset | None:
+    """The dataset built directly from this one that best shows "this partition, one
+    step downstream": not a side-effect node; preferably with a core measure, the same
+    grain and timezone, and not cumulative (depends on its own past); then by name."""
+    jobs = list(Job.objects.filter(upstreams=dataset).exclude(kind=JobKind.SIDE_EFFECT).select_related("dataset"))
+    if not jobs:
+        return None
+    best = min(jobs, key=lambda j: (not j.dataset.core_measure, j.depends_on_past,
+                                    (j.dataset.grain, j.dataset.timezone) != (dataset.grain, dataset.timezone),
+                                    j.dataset.name))
+    return best.dataset
+
+
+def _inputs(run_pks: list[int]) -> dict[int, dict[tuple[int, str], tuple]]:
+    """{run pk: {(input dataset id, partition): (is_source, watermark, version fingerprint)}}"""
+    out: dict[int, dict] = defaultdict(dict)
+    for chunk in _chunks(sorted(set(run_pks))):
+        for run_pk, ds_id, part, is_source, watermark, fp in Consumption.objects.filter(run_id__in=chunk).values_list(
+                "run_id", "dataset_id", "partition_key", "dataset__is_source", "watermark", "version__fingerprint"):
+            out[run_pk][(ds_id, part)] = (is_source, watermark, fp)
+    return out
+
+
+def _recomputed(after_inputs: dict, before_inputs: dict, own_dataset_id: int) -> list[str]:
+    """Which inputs changed since the previous version read them: a source whose
+    watermark moved, or an upstream version with a different fingerprint."""
+    changed = []
+    for (ds_id, part), (is_source, watermark, fp) in after_inputs.items():
+        if ds_id == own_dataset_id or (ds_id, part) not in before_inputs:
+            continue
+        _, old_watermark, old_fp = before_inputs[(ds_id, part)]
+        if is_source and watermark and old_watermark and watermark != old_watermark:
+            changed.append(f"{ds_id}:{part}")
+        elif not is_source and fp and old_fp and fp != old_fp:
+            changed.append(f"{ds_id}:{part}")
+    return changed
+
+
+def _tolerances(dataset: Dataset) -> tuple[float, float]:
+    tol = dataset.tolerances or {}
+    return float(tol.get("row_band", DEFAULT_ROW_BAND)), float(tol.get("measure_rel", DEFAULT_MEASURE_REL))
+
+
+def _measure_differs(a: float | None, b: float | None, rel: float) -> bool:
+    if a is None or b is None:
+        return False
+    return abs(a - b) > rel * max(abs(b), 1.0)
+
+
+def _deviations(row: SimpleNamespace, *, band: float, rel: float, skipped: bool) -> list[str]:
+    """What needs an explanation. Empty: matched."""
+    out: list[str] = []
+    if not row.after_run_id:
+        if not skipped:
+            out.append(f"not published: interval is {row.interval_status}")
+        return out
+    if row.rows_baseline and abs(row.rows_after - row.rows_baseline) > band * row.rows_baseline:
+        out.append(f"rows {row.rows_after} vs baseline {row.rows_baseline:g} is beyond ±{band:.0%}")
+    if row.rows_after is not None and row.distinct_keys is not None:
+        duplicates = row.rows_after - (row.null_keys or 0) - row.distinct_keys
+        if duplicates:
+            out.append(f"{duplicates} duplicate business key(s)")
+    if row.null_keys:
+        out.append(f"{row.null_keys} row(s) with a NULL business key")
+    if _measure_differs(row.measure_after, row.measure_source, rel):
+        out.append(f"measure {row.measure_after:g} vs source {row.measure_source:g} is beyond {rel:g}")
+    if row.recomputed and row.rows_before is not None:
+        rows_moved = (row.rows_after is not None
+                      and abs(row.rows_after - row.rows_before) > band * max(row.rows_before, 1))
+        if rows_moved or _measure_differs(row.measure_after, row.measure_before, rel):
+            out.append(f"recomputed against current upstream: rows {row.rows_before} -> {row.rows_after}, "
+                       f"measure {row.measure_before} -> {row.measure_after}")
+    return out
+
+
+def _verdict(deviations: list[str], explanation: str) -> str:
+    if not deviations:
+        return Verdict.MATCHED
+    return Verdict.EXPLAINED if explanation.strip() else Verdict.UNEXPLAINED
+
+
+# The row's columns, in model order. Rows are built as plain namespaces and written
+# with one executemany: for 2,000 intervals, model instances and bulk_create (34 rows
+# per statement under SQLite's parameter cap) cost more than all the warehouse
+# aggregates together (benchmarks/reconcile.py).
+_ROW_FIELDS = [f for f in ReconciliationRow._meta.concrete_fields if not f.primary_key]
+_ROW_DEFAULTS = {f.attname: (f.get_default() if f.has_default() else None) for f in _ROW_FIELDS}
+_ROW_PREPARED = {f.attname for f in _ROW_FIELDS if f.get_internal_type() in ("JSONField", "DateTimeField")}
+
+
+def _new_row(**values) -> SimpleNamespace:
+    return SimpleNamespace(**{**_ROW_DEFAULTS, **values})
+
+
+def _insert_rows(rows: list[SimpleNamespace]) -> None:
+    table = connection.ops.quote_name(ReconciliationRow._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in _ROW_FIELDS)
+    marks = ", ".join(["%s"] * len(_ROW_FIELDS))
+    params = []
+    for row in rows:
+        values = vars(row)
+        params.append([f.get_db_prep_save(values[f.attname], connection) if f.attname in _ROW_PREPARED
+                       else values[f.attname] for f in _ROW_FIELDS])
+    with connection.cursor() as cursor:
+        for i in range(0, len(params), 1000):
+            cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", params[i:i + 1000])
+
+
+def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
+    """1. Per job of the request: its intervals, the run that published each, and the
+       version in effect at submission; 2. the warehouse numbers of all those versions
+       and of the downstream ones in grouped queries; 3. one row per interval."""
+    warehouse = get_warehouse()
+    cutoff = request.submitted_at or request.requested_at
+    existing = {r["interval_id"]: r for r in ReconciliationRow.objects.filter(request=request).values(
+        "interval_id", "explanation", "explained_by_id", "explained_at")}
+    skipped_intervals = set()
+    rows: list[SimpleNamespace] = []
+    intervals = list(Interval.objects.filter(request=request).order_by("job_id", "position")
+                     .values("id", "job_id", "position", "partition_key", "start", "status"))
+    by_job: dict[int, list[dict]] = defaultdict(list)
+    for iv in intervals:
+        by_job[iv["job_id"]].append(iv)
+        if iv["status"] == I.SKIPPED:
+            skipped_intervals.add(iv["id"])
+    after_runs: dict[int, tuple[int, str]] = {}
+    for pk, run_id, interval_id in (Run.objects.filter(request=request, run_type=RunType.BACKFILL,
+                                                       status__in=_WAS_PUBLISHED)
+                                    .order_by("id").values_list("id", "run_id", "interval_id")):
+        after_runs[interval_id] = (pk, run_id)  # the latest one wins
+    source_measures = {
+        run_pk: observed for run_pk, observed in CheckResult.objects.filter(
+            run__request=request, name="measure_vs_source").values_list("run_id", "observed")}
+
+    for job in Job.objects.filter(pk__in=list(by_job)).select_related("dataset"):
+        dataset = job.dataset
+        spec = spec_for(dataset)
+        band, rel = _tolerances(dataset)
+        ivs = by_job[job.pk]
+        partitions = [iv["partition_key"] for iv in ivs]
+        before = _before_world(dataset, first=min(partitions), last=max(partitions), cutoff=cutoff)
+        baselines = _baselines(before, partitions)
+        before_runs = {p: before[p] for p in partitions if p in before}
+        after_ids = [after_runs[iv["id"]][1] for iv in ivs if iv["id"] in after_runs]
+        numbers = profile_many(warehouse, spec=spec, run_ids=after_ids + [
+            v.run_id for v in before_runs.values() if not v.purged])
+        inputs = _inputs([after_runs[iv["id"]][0] for iv in ivs if iv["id"] in after_runs]
+                         + [v.run_pk for v in before_runs.values()])
+        downstream = _nearest_downstream(dataset)
+        down_parts: dict[str, str] = {}
+        down_current: dict[str, str] = {}
+        down_values: dict[str, float | None] = {}
+        down_reads: dict[str, str] = {}
+        if downstream is not None and not downstream.is_source:
+            same_grain = (downstream.grain, downstream.timezone) == (dataset.grain, dataset.timezone)
+            for iv in ivs:
+                down_parts[iv["partition_key"]] = iv["partition_key"] if same_grain else partition_for(
+                    grain=downstream.grain, timezone=downstream.timezone, at=iv["start"]).partition_key
+            down_current = current_many(warehouse, name=downstream.name, partitions=list(down_parts.values()))
+            down_values = measure_many(warehouse, spec=spec_for(downstream), run_ids=down_current.values())
+            for chunk in _chunks(sorted(set(down_current.values()))):
+                for run_id, part, read_run in Consumption.objects.filter(
+                        run__run_id__in=chunk, dataset=dataset).values_list(
+                        "run__run_id", "partition_key", "version__run__run_id"):
+                    down_reads[f"{run_id}|{part}"] = read_run or ""
+
+        for iv in ivs:
+            key = iv["partition_key"]
+            prior = existing.get(iv["id"], {})
+            row = _new_row(
+                request_id=request.pk, interval_id=iv["id"], job_id=job.pk, dataset_id=dataset.pk,
+                position=iv["position"], partition_key=key, interval_status=iv["status"], computed_at=now,
+                explanation=prior.get("explanation", ""), explained_by_id=prior.get("explained_by_id"),
+                explained_at=prior.get("explained_at"), rows_baseline=baselines.get(key),
+            )
+            prev = before_runs.get(key)
+            if prev is not None:
+                row.before_run_id = prev.run_id
+                row.rows_before = prev.row_count
+                if prev.run_id in numbers:
+                    row.measure_before = numbers[prev.run_id].measure_sum
+            after = after_runs.get(iv["id"])
+            if after is not None:
+                run_pk, run_id = after
+                row.after_run_id = run_id
+                got = numbers.get(run_id)
+                if got is not None:
+                    row.rows_after, row.distinct_keys, row.null_keys = got.rows, got.distinct_keys, got.null_keys
+                    row.measure_after = got.measure_sum
+                observed = source_measures.get(run_pk) or {}
+                if observed.get("source") is not None:
+                    row.measure_source = float(observed["source"])
+                if prev is not None and prev.run_id != run_id:
+                    row.recomputed = bool(_recomputed(inputs.get(run_pk, {}), inputs.get(prev.run_pk, {}), dataset.pk))
+            if downstream is not None:
+                row.downstream_dataset = downstream.name
+                row.downstream_partition = down_parts.get(key, "")
+                down_run = down_current.get(row.downstream_partition, "")
+                row.downstream_run_id = down_run
+                row.downstream_value = down_values.get(down_run) if down_run else None
+                if down_run and row.after_run_id:
+                    row.downstream_reads_after = down_reads.get(f"{down_run}|{key}") == row.after_run_id
+            row.deviations = _deviations(row, band=band, rel=rel, skipped=iv["id"] in skipped_intervals)
+            row.verdict = _verdict(row.deviations, row.explanation)
+            rows.append(row)
+    return rows
+
+
+# -- the manifest ---------------------------------------------------------------------------
+
+
+def request_manifest(request: BackfillRequest) -> dict:
+    """Intervals planned, runs created, versions published, and the exceptions by name."""
+    intervals = {iv["id"]: iv for iv in Interval.objects.filter(request=request).values(
+        "id", "partition_key", "status", "note", "job__name")}
+    by_status: dict[str, int] = defaultdict(int)
+    for iv in intervals.values():
+        by_status[iv["status"]] += 1
+    runs = Run.objects.filter(request=request)
+    backfill_runs = runs.filter(run_type=RunType.BACKFILL)
+    publishes = list(Publication.objects.filter(request=request, action=Publication.Action.PUBLISH)
+                     .values("id", "dataset__name", "partition_key", "version_id", "version__run__run_id",
+                             "version__run__status"))
+    reasons = dict(
+        AuditEvent.objects.filter(request_id=request.pk, object_type="interval",
+                                  action__in=["interval.skipped", "interval.cancelled"])
+        .values_list("object_id", "reason"))
+
+    def _why(iv: dict, default: str) -> str:
+        return reasons.get(str(iv["id"])) or iv["note"] or default
+
+    failed_runs = {}
+    for interval_id, run_id, error in backfill_runs.filter(
+            status__in=[RunStatus.FAILED, RunStatus.VERIFICATION_FAILED]).order_by("id").values_list(
+            "interval_id", "run_id", "error"):
+        failed_runs[interval_id] = (run_id, error)
+    retrying = list(
+        runs.filter(status__in=RUN_ACTIVE)
+        .annotate(failed_attempts=Count("attempts", filter=Q(attempts__status__in=[AttemptStatus.FAILED,
+                                                                                    AttemptStatus.LOST])))
+        .filter(failed_attempts__gt=0).values("run_id", "partition_key", "failed_attempts"))
+    per_partition: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for p in publishes:
+        per_partition[(p["dataset__name"], p["partition_key"])].append(p["version__run__run_id"])
+    superseded_versions = [p["version_id"] for p in publishes if p["version__run__status"] == RunStatus.SUPERSEDED]
+    superseded = []
+    for chunk in _chunks(superseded_versions):
+        for pub in (Publication.objects.filter(previous_version_id__in=chunk, action=Publication.Action.PUBLISH)
+                    .exclude(request=request).values("dataset__name", "partition_key", "previous_version__run__run_id",
+                                                     "request_id", "version__run__run_id")):
+            superseded.append({"dataset": pub["dataset__name"], "partition_key": pub["partition_key"],
+                               "run_id": pub["previous_version__run__run_id"], "by_request": pub["request_id"],
+                               "by_run_id": pub["version__run__run_id"]})
+    return {
+        "intervals_planned": len(intervals),
+        "intervals_by_status": dict(sorted(by_status.items())),
+        "runs_created": backfill_runs.count(),
+        "verification_runs": runs.filter(run_type=RunType.VERIFICATION).count(),
+        "versions_published": len({p["version_id"] for p in publishes}),
+        "exceptions": {
+            "skipped": [{"job": iv["job__name"], "partition_key": iv["partition_key"],
+                         "why": _why(iv, "skipped")} for iv in intervals.values() if iv["status"] == I.SKIPPED],
+            "cancelled": [{"job": iv["job__name"], "partition_key": iv["partition_key"],
+                           "why": _why(iv, "request cancelled")}
+                          for iv in intervals.values() if iv["status"] == I.CANCELLED],
+            "failed": [{"job": iv["job__name"], "partition_key": iv["partition_key"],
+                        "run_id": failed_runs.get(iv["id"], ("", ""))[0],
+                        "error": failed_runs.get(iv["id"], ("", ""))[1][:500]}
+                       for iv in intervals.values() if iv["status"] == I.FAILED],
+            "still_retrying": [{"run_id": r["run_id"], "partition_key": r["partition_key"],
+                                "failed_attempts": r["failed_attempts"]} for r in retrying],
+            "published_more_than_once": [{"dataset": d, "partition_key": p, "run_ids": ids}
+                                         for (d, p), ids in sorted(per_partition.items()) if len(ids) > 1],
+            "superseded_by_another_request": sorted(superseded, key=lambda s: (s["dataset"], s["partition_key"])),
+            "rolled_back": [{"dataset": p["dataset__name"], "partition_key": p["partition_key"],
+                             "run_id": p["version__run__run_id"]}
+                            for p in publishes if p["version__run__status"] == RunStatus.ROLLED_BACK],
+            "non_deterministic": list(
+                CheckResult.objects.filter(run__request=request, name="second_rerun", passed=False)
+                .values_list("run__partition_key", flat=True)),
+        },
+    }
+
+
+# -- services ------------------------------------------------------------------------------
+
+
+def reconciliation_compute(*, actor, request_id) -> Reconciliation:
+    """Compute (or recompute) the manifest and the rows of a request.
+
+    1. Refused before anything ran, and once signed off (the signed numbers stay).
+    2. Compute every row from grouped queries; explanations already written are kept.
+    3. Replace the rows, store the manifest and write one audit row, in one transaction.
+    """
+    request = _request(request_id)
+    if request.status in _NOT_YET:
+        raise ConflictError(f"request #{request.pk} is {request.status}; nothing ran yet to reconcile", field="status")
+    signed = Reconciliation.objects.filter(request=request, signed_off_at__isnull=False).first()
+    if signed is not None:
+        raise ConflictError(f"request #{request.pk} was signed off; its reconciliation is final", field="status")
+    now = timezone.now()
+    rows = _compute_rows(request, now)
+    manifest = request_manifest(request)
+    counts = {v: sum(1 for r in rows if r.verdict == v) for v in Verdict.values}
+    manifest["verdicts"] = counts
+    manifest["recomputed"] = sum(1 for r in rows if r.recomputed)
+    with transaction.atomic():
+        ReconciliationRow.objects.filter(request=request).delete()
+        _insert_rows(rows)
+        reconciliation, _ = Reconciliation.objects.update_or_create(
+            request=request, defaults={"computed_at": now, "manifest": manifest})
+        audit_record(actor=actor, action="reconciliation.compute", object_type="request", object_id=request.pk,
+                     request_id=request.pk, dataset=request.job.dataset.name,
+                     data={**counts, "intervals": len(rows), "recomputed": manifest["recomputed"]})
+    return reconciliation
+
+
+def reconciliation_get(*, request_id, compute_missing: bool = True) -> Reconciliation:
+    """The stored reconciliation; computed (as the system) the first time it is asked for."""
+    request = _request(request_id)
+    reconciliation = Reconciliation.objects.filter(request=request).select_related("request__job__dataset",
+                                                                                    "signed_off_by").first()
+    if reconciliation is None:
+        if not compute_missing:
+            raise NotFound(f"request #{request.pk} has no reconciliation yet")
+        reconciliation = reconciliation_compute(actor=None, request_id=request.pk)
+    elif reconciliation.signed_off_at is None and _stale(reconciliation, request):
+        # Another publication touched these datasets since: the numbers (and the
+        # "superseded by another request" exceptions) must show the present.
+        reconciliation = reconciliation_compute(actor=None, request_id=request.pk)
+    return reconciliation
+
+
+def _stale(reconciliation: Reconciliation, request: BackfillRequest) -> bool:
+    from backfill_portal.warehouse.models import Publication
+
+    jobs = Interval.objects.filter(request=request).values("job_id")
+    return Publication.objects.filter(dataset__job__in=jobs, published_at__gt=reconciliation.computed_at).exists()
+
+
+def reconciliation_rows(reconciliation: Reconciliation):
+    return (ReconciliationRow.objects.filter(request_id=reconciliation.request_id)
+            .select_related("job", "dataset", "explained_by").order_by("job_id", "position"))
+
+
+def _can_review(actor, request: BackfillRequest) -> bool:
+    """The requester, the owner of any dataset the request rebuilds, on-call, admins."""
+    if actor.pk == request.requested_by_id or has_role(actor, Role.ONCALL, Role.ADMIN):
+        return True
+    owners = set(Dataset.objects.filter(job__in=Interval.objects.filter(request=request).values("job_id"))
+                 .values_list("owner_id", flat=True)) | {request.job.dataset.owner_id}
+    return actor.pk in owners
+
+
+def reconciliation_recompute(*, actor, request_id) -> Reconciliation:
+    request = _request(request_id)
+    if not _can_review(actor, request):
+        raise deny(actor=actor, action="reconciliation.compute", object_type="request", object_id=request.pk,
+                   request_id=request.pk,
+                   reason="recomputing needs the requester, the dataset owner, on-call or an admin")
+    return reconciliation_compute(actor=actor, request_id=request.pk)
+
+
+def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
+                     job: str | None = None) -> ReconciliationRow:
+    """A reviewer says why an interval's numbers differ. Refused when empty (400),
+    outside `reconciling` (409) or for someone who is not a reviewer (403)."""
+    request = _request(request_id)
+    explanation = (explanation or "").strip()
+    rows = (ReconciliationRow.objects.filter(request=request, partition_key=partition_key)
+            .select_related("dataset", "job"))
+    if job:
+        rows = rows.filter(job__name=job)
+    elif rows.count() > 1:
+        rows = rows.filter(job=request.job)
+    if not _can_review(actor, request):
+        raise deny(actor=actor, action="reconciliation.explain", object_type="request", object_id=request.pk,
+                   request_id=request.pk,
+                   reason="explaining needs the requester, the dataset owner, on-call or an admin")
+    if not explanation:
+        raise ValidationError("say why this interval's numbers differ; an empty explanation explains nothing",
+                              field="explanation")
+    if request.status != R.RECONCILING:
+        raise ConflictError(f"request #{request.pk} is {request.status}; intervals are explained while reconciling",
+                            field="status")
+    if not Reconciliation.objects.filter(request=request).exists():
+        reconciliation_compute(actor=None, request_id=request.pk)
+    row = rows.first()
+    if row is None:
+        raise NotFound(f"request #{request.pk} has no interval {partition_key!r}")
+    before = row.verdict
+    verdict = _verdict(row.deviations, explanation)
+    now = timezone.now()
+    with transaction.atomic():
+        ReconciliationRow.objects.filter(pk=row.pk).update(explanation=explanation, explained_by=actor,
+                                                           explained_at=now, verdict=verdict)
+        _refresh_verdict_counts(request)
+        audit_record(actor=actor, action="reconciliation.explain", object_type="interval", object_id=row.interval_id,
+                     request_id=request.pk, dataset=row.dataset.name, from_state=before, to_state=verdict,
+                     reason=explanation, data={"partition": partition_key, "deviations": row.deviations})
+    row.refresh_from_db()
+    return row
+
+
+def _refresh_verdict_counts(request: BackfillRequest) -> None:
+    reconciliation = Reconciliation.objects.filter(request=request).first()
+    if reconciliation is None:
+        return
+    counts = dict(ReconciliationRow.objects.filter(request=request).values_list("verdict").annotate(n=Count("id")))
+    manifest = dict(reconciliation.manifest or {})
+    manifest["verdicts"] = {v: counts.get(v, 0) for v in Verdict.values}
+    Reconciliation.objects.filter(pk=reconciliation.pk).update(manifest=manifest)
+
+
+def _may_sign_off(actor, request: BackfillRequest) -> tuple[bool, str]:
+    owner_id = request.job.dataset.owner_id
+    if owner_id == request.requested_by_id:
+        # Separation of duties: the owner filed it, so an admin (not the owner) signs.
+        if has_role(actor, Role.ADMIN) and actor.pk != request.requested_by_id:
+            return True, ""
+        return False, "the target owner filed this request; an admin other than the requester signs it off"
+    if actor.pk == owner_id:
+        return True, ""
+    return False, f"only {request.job.dataset.owner.username}, the owner of {request.job.dataset.name}, signs off"
+
+
+def reconciliation_signoff(*, actor, request_id, comment: str = "") -> BackfillRequest:
+    """The target owner signs off: reconciling -> completed.
+
+    1. Only the target owner (an admin when the owner is the requester).
+    2. Refused (409) unless the request is reconciling and no interval is unexplained;
+       the refusal names the intervals.
+    3. Stamp the sign-off and move the request, with its audit row, in one transaction.
+    """
+    request = _request(request_id)
+    allowed, why = _may_sign_off(actor, request)
+    if not allowed:
+        raise deny(actor=actor, action="reconciliation.signoff", object_type="request", object_id=request.pk,
+                   request_id=request.pk, dataset=request.job.dataset.name, reason=why)
+    if request.status != R.RECONCILING:
+        raise ConflictError(f"request #{request.pk} is {request.status}; only a reconciling request is signed off",
+                            field="status")
+    reconciliation = reconciliation_get(request_id=request.pk)
+    unexplained = list(ReconciliationRow.objects.filter(request=request, verdict=Verdict.UNEXPLAINED)
+                       .order_by("job_id", "position").values_list("partition_key", flat=True))
+    if unexplained:
+        shown = ", ".join(unexplained[:20]) + (f" and {len(unexplained) - 20} more" if len(unexplained) > 20 else "")
+        raise ConflictError(f"{len(unexplained)} interval(s) are unexplained: {shown}; explain them before signing off",
+                            fields={"intervals": unexplained})
+    now = timezone.now()
+    with transaction.atomic():
+        claimed = Reconciliation.objects.filter(pk=reconciliation.pk, signed_off_at__isnull=True).update(
+            signed_off_by=actor, signed_off_at=now, signoff_comment=(comment or "").strip())
+        if claimed != 1:
+            raise ConflictError(f"request #{request.pk} was signed off already", field="status")
+        verdicts = (reconciliation.manifest or {}).get("verdicts", {})
+        request_transition(request, to=R.COMPLETED, actor=actor, action="request.signoff",
+                           reason=(comment or "").strip() or "reconciliation signed off",
+                           data={"verdicts": verdicts, "computed_at": reconciliation.computed_at})
+    return request
+
+
+def request_reconcile_when_ready(*, request_id: int) -> str:
+    """What the `backfills.reconcile_request` task runs: safe at any time, twice."""
+    request = BackfillRequest.objects.filter(pk=request_id).first()
+    if request is None:
+        return "missing"
+    if request.status != R.RECONCILING:
+        return f"skipped-{request.status}"
+    if Reconciliation.objects.filter(request=request, signed_off_at__isnull=False).exists():
+        return "signed-off"
+    reconciliation_compute(actor=None, request_id=request_id)
+    return "computed"
+
+
+__all__ = [
+    "interval_explain",
+    "reconciliation_compute",
+    "reconciliation_get",
+    "reconciliation_recompute",
+    "reconciliation_rows",
+    "reconciliation_signoff",
+    "request_manifest",
+    "request_reconcile_when_ready",
+]

@@ -1,0 +1,218 @@
+"""Done means reconciled: the manifest, the four numbers, explanations and sign-off."""
+from __future__ import annotations
+
+import csv
+import io
+from datetime import date, datetime, timezone
+
+import pytest
+
+from backfill_portal.backfills.choices import RequestStatus
+from backfill_portal.backfills.models import Reconciliation, ReconciliationRow, Verdict
+from backfill_portal.backfills.services.reconciliation import (
+    reconciliation_compute,
+    reconciliation_signoff,
+)
+from backfill_portal.core.errors import ConflictError
+from backfill_portal.core.models import AuditEvent
+from backfill_portal.execution.models import Run
+from backfill_portal.warehouse.demo_data import correct_source_day
+from tests.reconciliation.helpers import DOUBLED_SQL, deploy, run_request
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def rows_of(request) -> dict[str, ReconciliationRow]:
+    return {r.partition_key: r for r in ReconciliationRow.objects.filter(request=request)}
+
+
+def test_two_am_incident_doubled_partitions_are_unexplained_and_the_corrected_backfill_matches(personas, ready, api):
+    good = run_request(personas, ready, start="2022-09-28", end="2022-10-03")
+    assert good.status == RequestStatus.RECONCILING
+    good_runs = {r.partition_key: r for r in Run.objects.filter(request=good)}
+
+    # 02:00 - a code change that appends the day's rows a second time is deployed and backfilled.
+    deploy(dwd_sql=DOUBLED_SQL)
+    doubled = run_request(personas, ready, start="2022-10-01", end="2022-10-03")
+    assert doubled.status == RequestStatus.RECONCILING  # every run is green...
+    reconciliation_compute(actor=None, request_id=doubled.pk)
+    rows = rows_of(doubled)
+    assert set(rows) == {"2022-10-01", "2022-10-02", "2022-10-03"}
+    for key, row in rows.items():
+        # ...but the four numbers are not.
+        assert row.verdict == Verdict.UNEXPLAINED
+        assert row.before_run_id == good_runs[key].run_id
+        assert row.rows_after == 2 * row.rows_before
+        assert row.rows_baseline == pytest.approx(row.rows_before, rel=0.3)
+        assert row.distinct_keys == row.rows_after and row.null_keys == 0  # keys look fine: that is the trap
+        assert row.measure_after == pytest.approx(2 * row.measure_before, rel=1e-6)
+        assert row.recomputed is False
+        assert any("baseline" in d for d in row.deviations)
+    manifest = Reconciliation.objects.get(request=doubled).manifest
+    assert manifest["intervals_planned"] == 3 and manifest["runs_created"] == 3 and manifest["versions_published"] == 3
+    assert manifest["verdicts"] == {"matched": 0, "explained": 0, "unexplained": 3}
+
+    refused = api("olivia").post(f"/api/requests/{doubled.pk}/signoff/", {}, format="json")
+    assert refused.status_code == 409
+    assert refused.json()["errors"]["intervals"] == ["2022-10-01", "2022-10-02", "2022-10-03"]
+    doubled.refresh_from_db()
+    assert doubled.status == RequestStatus.RECONCILING
+
+    # The fix is deployed and the range backfilled again: it reconciles as matched.
+    deploy()
+    corrected = run_request(personas, ready, start="2022-10-01", end="2022-10-03")
+    reconciliation_compute(actor=None, request_id=corrected.pk)
+    doubled_runs = {r.partition_key: r.run_id for r in Run.objects.filter(request=doubled)}
+    for key, row in rows_of(corrected).items():
+        assert row.verdict == Verdict.MATCHED, row.deviations
+        assert row.before_run_id == doubled_runs[key]  # what readers saw when it was filed
+        assert row.rows_after == good_runs[key].version.row_count
+        assert row.rows_after == row.rows_before // 2
+    done = api("olivia").post(f"/api/requests/{corrected.pk}/signoff/", {"comment": "numbers back"}, format="json")
+    assert done.status_code == 200 and done.json()["status"] == "completed"
+    event = AuditEvent.objects.get(request_id=corrected.pk, action="request.signoff")
+    assert (event.from_state, event.to_state, event.actor_name) == ("reconciling", "completed", "olivia")
+
+
+def test_source_changed_between_runs_is_labelled_recomputed_and_sign_off_needs_an_explanation(
+        personas, ready, warehouse, api):
+    run_request(personas, ready, start="2022-10-01", end="2022-10-02")
+    added = correct_source_day(warehouse.db, day=date(2022, 10, 1), factor_category="apparel", seed=3,
+                               now=datetime(2022, 10, 15, 8, 0, tzinfo=timezone.utc))
+    assert added > 0
+    again = run_request(personas, ready, start="2022-10-01", end="2022-10-02")
+    body = api("audrey").get(f"/api/requests/{again.pk}/reconciliation/").json()  # computed on first read
+    rows = {r["partition_key"]: r for r in body["rows"]}
+    changed, same = rows["2022-10-01"], rows["2022-10-02"]
+    assert changed["recomputed"] is True and changed["status"] == "unexplained"
+    assert changed["measure_after"] != changed["measure_before"]
+    assert any("recomputed against current upstream" in d for d in changed["deviations"])
+    assert same["recomputed"] is False and same["status"] == "matched"
+    assert AuditEvent.objects.filter(request_id=again.pk, action="reconciliation.compute").count() == 1
+
+    # Sign-off is refused, naming the interval; nothing changes.
+    with pytest.raises(ConflictError) as refused:
+        reconciliation_signoff(actor=personas["olivia"], request_id=again.pk)
+    assert refused.value.fields["intervals"] == ["2022-10-01"]
+    again.refresh_from_db()
+    assert again.status == RequestStatus.RECONCILING
+    assert Reconciliation.objects.get(request=again).signed_off_at is None
+    assert not AuditEvent.objects.filter(request_id=again.pk, action="request.signoff").exists()
+
+    # An empty explanation is refused; a real one explains the interval.
+    empty = api("alice").post(f"/api/requests/{again.pk}/intervals/2022-10-01/explain/", {"explanation": "  "},
+                              format="json")
+    assert empty.status_code == 400 and "explanation" in empty.json()["errors"]
+    assert ReconciliationRow.objects.get(request=again, partition_key="2022-10-01").verdict == Verdict.UNEXPLAINED
+    explained = api("alice").post(f"/api/requests/{again.pk}/intervals/2022-10-01/explain/",
+                                  {"explanation": "source corrected on 10-15 (apparel refunds)"}, format="json")
+    assert explained.status_code == 200 and explained.json()["status"] == "explained"
+    event = AuditEvent.objects.get(request_id=again.pk, action="reconciliation.explain")
+    assert (event.from_state, event.to_state, event.actor_name) == ("unexplained", "explained", "alice")
+    assert event.reason == "source corrected on 10-15 (apparel refunds)"
+
+    # A recompute keeps the explanation; then the owner signs off.
+    assert api("alice").post(f"/api/requests/{again.pk}/reconciliation/").status_code == 200
+    assert ReconciliationRow.objects.get(request=again, partition_key="2022-10-01").verdict == Verdict.EXPLAINED
+    done = api("olivia").post(f"/api/requests/{again.pk}/signoff/", {}, format="json")
+    assert done.status_code == 200 and done.json()["status"] == "completed"
+    assert AuditEvent.objects.filter(request_id=again.pk, action="request.signoff", to_state="completed").exists()
+    # Signed off: the numbers are final.
+    assert api("alice").post(f"/api/requests/{again.pk}/reconciliation/").status_code == 409
+
+
+def test_only_the_target_owner_signs_off_and_an_admin_when_the_owner_filed_it(personas, ready, api):
+    theirs = run_request(personas, ready, start="2022-10-01", end="2022-10-01")
+    for name in ("alice", "oscar", "audrey"):
+        response = api(name).post(f"/api/requests/{theirs.pk}/signoff/", {}, format="json")
+        assert response.status_code == 403, name
+    assert AuditEvent.objects.filter(request_id=theirs.pk, action="denied.reconciliation.signoff").count() == 3
+    theirs.refresh_from_db()
+    assert theirs.status == RequestStatus.RECONCILING
+
+    # olivia files on her own dataset: she cannot sign it off, an admin can.
+    own = run_request(personas, ready, start="2022-10-02", end="2022-10-02", requester="olivia", approver="admin")
+    assert api("olivia").post(f"/api/requests/{own.pk}/signoff/", {}, format="json").status_code == 403
+    assert api("admin").post(f"/api/requests/{own.pk}/signoff/", {}, format="json").status_code == 200
+    own.refresh_from_db()
+    assert own.status == RequestStatus.COMPLETED
+
+
+def test_manifest_names_skipped_intervals_with_why_and_partitions_another_request_superseded(personas, ready, api):
+    first = run_request(personas, ready, start="2022-10-01", end="2022-10-02")
+    second = run_request(personas, ready, start="2022-10-02", end="2022-10-02")
+    manifest = api("audrey").get(f"/api/requests/{first.pk}/reconciliation/").json()["manifest"]
+    (superseded,) = manifest["exceptions"]["superseded_by_another_request"]
+    assert superseded["partition_key"] == "2022-10-02" and superseded["by_request"] == second.pk
+    assert superseded["by_run_id"] == Run.objects.get(request=second).run_id
+
+    skipped = run_request(personas, ready, job="notify_finance", start="2022-10-01", end="2022-10-02",
+                          approver="finn")
+    body = api("audrey").get(f"/api/requests/{skipped.pk}/reconciliation/").json()
+    assert [s["partition_key"] for s in body["manifest"]["exceptions"]["skipped"]] == ["2022-10-01", "2022-10-02"]
+    assert all(s["why"] == "side-effect node not authorised by this request"
+               for s in body["manifest"]["exceptions"]["skipped"])
+    assert body["manifest"]["runs_created"] == 0 and body["manifest"]["versions_published"] == 0
+    assert {r["status"] for r in body["rows"]} == {"matched"}  # skipped by design is not a difference
+
+
+def test_reconciliation_exports_the_table_and_the_manifest_as_csv(personas, ready, api):
+    request = run_request(personas, ready, start="2022-10-01", end="2022-10-02")
+    for url in (f"/api/requests/{request.pk}/reconciliation.csv",
+                f"/api/requests/{request.pk}/reconciliation/?format=csv"):
+        response = api("audrey").get(url)
+        assert response.status_code == 200, url
+        assert response["Content-Type"].startswith("text/csv")
+        lines = list(csv.reader(io.StringIO(response.content.decode())))
+        header = lines[0]
+        assert header[:5] == ["job", "dataset", "partition_key", "interval_status", "status"]
+        table = [dict(zip(header, line)) for line in lines[1:3]]
+        assert [t["partition_key"] for t in table] == ["2022-10-01", "2022-10-02"]
+        assert all(int(t["rows_after"]) > 0 and t["status"] == "matched" for t in table)
+        assert ["intervals_planned", "2"] in lines and ["versions_published", "2"] in lines
+
+
+def test_reconcile_task_runs_twice_safely_and_only_for_a_reconciling_request(personas, ready):
+    from backfill_portal.backfills.tasks import reconcile_request
+
+    request = run_request(personas, ready, start="2022-10-01", end="2022-10-01")
+    assert reconcile_request.apply(args=[request.pk]).get() == "computed"
+    assert reconcile_request.apply(args=[request.pk]).get() == "computed"
+    assert ReconciliationRow.objects.filter(request=request).count() == 1
+    reconciliation_signoff(actor=personas["olivia"], request_id=request.pk)
+    assert reconcile_request.apply(args=[request.pk]).get() == "skipped-completed"
+    assert reconcile_request.apply(args=[987654]).get() == "missing"
+
+
+def test_downstream_visible_value_is_what_the_nearest_downstream_shows_now(personas, ready, warehouse):
+    dwd = run_request(personas, ready, start="2022-10-01", end="2022-10-01")
+    reconciliation_compute(actor=None, request_id=dwd.pk)
+    row = ReconciliationRow.objects.get(request=dwd)
+    assert row.downstream_dataset == "dws_sales_daily" and row.downstream_value is None  # nothing built yet
+    run_request(personas, ready, job="dws_sales_daily", start="2022-10-01", end="2022-10-01", approver="sam")
+    reconciliation_compute(actor=None, request_id=dwd.pk)
+    row = ReconciliationRow.objects.get(request=dwd)
+    shown = sum(float(r["gmv"]) for r in warehouse.read_partition("dws_sales_daily", "2022-10-01"))
+    assert row.downstream_value == pytest.approx(shown, abs=0.01)
+    assert row.downstream_value == pytest.approx(row.measure_after, abs=0.05)
+    assert row.downstream_reads_after is True
+
+
+def test_bad_explanations_are_refused_clearly_and_change_nothing(personas, ready, api):
+    request = run_request(personas, ready, start="2022-10-01", end="2022-10-01")
+    url = f"/api/requests/{request.pk}/intervals/2022-10-01/explain/"
+    missing = api("alice").post(f"/api/requests/{request.pk}/intervals/1999-01-01/explain/",
+                                {"explanation": "x"}, format="json")
+    assert missing.status_code == 404
+    assert api("audrey").post(url, {"explanation": "I read everything"}, format="json").status_code == 403
+    assert api("outsider").post(url, {"explanation": "x"}, format="json").status_code == 403
+    assert AuditEvent.objects.filter(request_id=request.pk, action="denied.reconciliation.explain").count() == 2
+    no_field = api("alice").post(url, {}, format="json")
+    assert no_field.status_code == 400 and "explanation" in no_field.json()["errors"]
+    reconciliation_signoff(actor=personas["olivia"], request_id=request.pk)
+    late = api("alice").post(url, {"explanation": "after the fact"}, format="json")
+    assert late.status_code == 409
+    row = ReconciliationRow.objects.get(request=request)
+    assert row.explanation == "" and row.verdict == Verdict.MATCHED
+    assert not AuditEvent.objects.filter(request_id=request.pk, action="reconciliation.explain").exists()
+    assert api("alice").get(f"/api/requests/{request.pk}/reconciliation/").json()["signed_off_by"] == "olivia"
