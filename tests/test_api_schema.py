@@ -1,0 +1,81 @@
+"""The API's surface: schema, docs, authentication."""
+from __future__ import annotations
+
+import yaml
+from django.test import Client
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+
+def test_schema_is_an_openapi_document_listing_the_request_and_audit_endpoints(api):
+    response = api("alice").get("/api/schema/")
+    assert response.status_code == 200
+    doc = yaml.safe_load(response.content)
+    assert str(doc["openapi"]).startswith("3.")
+    paths = doc["paths"]
+    assert "/api/requests/" in paths
+    assert "post" in paths["/api/requests/"]
+    assert "/api/requests/{id}/submit/" in paths
+    assert "post" in paths["/api/requests/{id}/submit/"]
+    assert "/api/audit/" in paths
+    assert "get" in paths["/api/audit/"]
+
+
+def test_schema_in_json(api):
+    response = api("alice").get("/api/schema/", {"format": "json"})
+    assert response.status_code == 200
+    assert "/api/requests/{id}/submit/" in response.json()["paths"]
+
+
+def test_docs_page_renders_for_a_logged_in_user(personas):
+    client = Client()
+    client.force_login(personas["alice"])
+    response = client.get("/api/docs/")
+    assert response.status_code == 200
+    assert b"swagger" in response.content.lower()
+
+
+def test_anonymous_api_calls_are_refused_not_errors(db):
+    client = APIClient()
+    for url in ("/api/requests/", "/api/audit/", "/api/requests/1/"):
+        response = client.get(url)
+        assert response.status_code in (401, 403), (url, response.status_code)
+        assert response.json()["detail"]
+    response = client.post("/api/requests/", {"job": "dwd_order_items"}, format="json")
+    assert response.status_code in (401, 403)
+    response = client.post("/api/requests/1/submit/", {}, format="json")
+    assert response.status_code in (401, 403)
+
+
+def test_token_authentication_works(personas, catalog):
+    token = Token.objects.create(user=personas["alice"])
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    response = client.get("/api/requests/")
+    assert response.status_code == 200, response.content
+    response = client.post("/api/requests/", {"job": "dwd_order_items", "start": "2022-10-01",
+                                              "end": "2022-10-02", "reason": "token test"}, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["requested_by"] == "alice"
+
+
+def test_a_bad_token_is_refused(db):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
+    response = client.get("/api/requests/")
+    # DRF answers 403 rather than 401 because session auth (listed first) sends no challenge.
+    assert response.status_code in (401, 403)
+    assert "token" in response.json()["detail"].lower()
+
+
+def test_an_unexpected_error_is_a_json_500_without_a_traceback(api, monkeypatch):
+    def broken(**kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr("backfill_portal.backfills.api.views.request_list", broken)
+    response = api("alice").get("/api/requests/")
+    assert response.status_code == 500
+    body = response.json()
+    assert body["code"] == "error"
+    assert "secret internals" not in response.content.decode()
+    assert "Traceback" not in response.content.decode()
