@@ -9,7 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def manage(*args, **env):
-    full = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "SECRET_KEY", "ALLOWED_HOSTS")}
+    # Only what a deployment would set: nothing a test run itself put in the environment.
+    dropped = ("DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    full = {k: v for k, v in os.environ.items() if k not in dropped}
     full.update(env)
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=full, capture_output=True, text=True,
                           timeout=120)
