@@ -6,6 +6,7 @@ from backfill_portal.backfills import views as backfills
 from backfill_portal.catalog import views as catalog
 from backfill_portal.core import views as core
 from backfill_portal.execution import views as execution
+from backfill_portal.warehouse import views as warehouse
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
@@ -23,8 +24,29 @@ urlpatterns = [
     path("requests/<int:pk>/pause/", backfills.request_pause_view, name="request-pause"),
     path("requests/<int:pk>/resume/", backfills.request_resume_view, name="request-resume"),
     path("requests/<int:pk>/retry/", backfills.request_retry_view, name="request-retry"),
+    # Shadows the API's "request-rollback" name, as the other request actions do; nothing reverses it.
+    path("requests/<int:pk>/rollback/", backfills.request_rollback_view, name="request-rollback"),
+    path("requests/<int:pk>/reconciliation/", backfills.reconciliation, name="reconciliation"),
+    path("requests/<int:pk>/reconciliation/rows/<int:row_pk>/explain/", backfills.reconciliation_explain,
+         name="reconciliation-explain"),
+    path("requests/<int:pk>/reconciliation/signoff/", backfills.reconciliation_signoff_view,
+         name="reconciliation-signoff"),
+    path("requests/<int:pk>/reconciliation/recompute/", backfills.reconciliation_recompute_view,
+         name="reconciliation-recompute"),
+    path("approvals/", backfills.approvals, name="approvals"),
+    path("approvals/steps/<int:pk>/decide/", backfills.approval_step_decide_view, name="approval-step-decide"),
+    path("approvals/handoffs/<int:pk>/decide/", backfills.handoff_decide_view, name="handoff-decide"),
     path("runs/<str:run_id>/", execution.run_detail, name="run-detail"),
+    path("outbox/", execution.outbox, name="outbox"),
     path("catalog/", catalog.catalog, name="catalog"),
     path("catalog/jobs/<slug:name>/", catalog.job_detail, name="catalog-job"),
+    path("lineage/", catalog.lineage, name="lineage"),
+    path("datasets/<slug:name>/", warehouse.dataset_detail, name="dataset"),
+    path("datasets/<slug:name>/partitions/<str:key>/", warehouse.partition_detail, name="partition"),
+    # Not "partition-rollback"/"partition-rollback-rebuild": the API's names (warehouse/api.py reverses one).
+    path("datasets/<slug:name>/partitions/<str:key>/rollback/", warehouse.partition_rollback_confirm,
+         name="partition-rollback-confirm"),
+    path("datasets/<slug:name>/partitions/<str:key>/rebuild-consumers/", warehouse.partition_rebuild_consumers,
+         name="partition-rebuild-consumers"),
     path("audit/", core.audit, name="audit"),
 ]

@@ -111,6 +111,33 @@ class DecisionForm(forms.Form):
                               help_text="Required when rejecting: say what the requester should fix.")
 
 
+class HandoffDecisionForm(forms.Form):
+    comment = forms.CharField(label="Comment", required=False, max_length=4000,
+                              widget=forms.Textarea(attrs={"rows": 2}),
+                              help_text="Required when declining: say why the downstream stays on its current version.")
+
+
+class ExplainForm(forms.Form):
+    explanation = forms.CharField(label="Explanation", required=False, max_length=4000,
+                                  widget=forms.Textarea(attrs={"rows": 2}),
+                                  help_text="Why this interval's numbers differ (for example: late events from the "
+                                            "gateway, now included).")
+    job = forms.CharField(required=False, max_length=128, widget=forms.HiddenInput)
+
+
+class SignoffForm(forms.Form):
+    comment = forms.CharField(label="Sign-off comment", required=False, max_length=4000,
+                              widget=forms.Textarea(attrs={"rows": 2}))
+
+
+class RequestRollbackForm(forms.Form):
+    reason = forms.CharField(label="Why roll back", required=False, max_length=4000,
+                             widget=forms.Textarea(attrs={"rows": 2}),
+                             help_text="Required. Every partition this request published goes back to its previous "
+                                       "verified version, or none does.")
+    rebuild = forms.BooleanField(label="Also file requests to rebuild the consumers", required=False, initial=True)
+
+
 class ReasonForm(forms.Form):
     reason = forms.CharField(label="Reason", required=False, max_length=4000)
 

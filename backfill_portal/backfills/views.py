@@ -10,22 +10,35 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q
+from django.db.models import Count, Q, prefetch_related_objects
 from django.db.models.functions import Substr
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
 from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus
-from backfill_portal.backfills.forms import DecisionForm, ReasonForm, RequestForm, SubmitForm, partition_format
-from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
+from backfill_portal.backfills.forms import (
+    DecisionForm,
+    ExplainForm,
+    HandoffDecisionForm,
+    ReasonForm,
+    RequestForm,
+    RequestRollbackForm,
+    SignoffForm,
+    SubmitForm,
+    partition_format,
+)
+from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, HandoffItem, Interval, ReconciliationRow
 from backfill_portal.backfills.planning import dst_notes, plan_intervals
 from backfill_portal.backfills.selectors import request_list as request_list_qs
 from backfill_portal.backfills.selectors import request_progress
+from backfill_portal.backfills.services.handoff import handoff_accept, handoff_decline
 from backfill_portal.backfills.services.requests import (
     NodeAction,
+    approval_step_decide,
     backfill_request_cancel,
     backfill_request_create,
     backfill_request_decide,
@@ -39,14 +52,22 @@ from backfill_portal.core.errors import ApplicationError, ConflictError, NotFoun
 from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import (
     application_errors,
+    error_status,
     flash_error,
+    is_htmx,
     keyset_page,
+    parse_int,
     query_without,
     redirect_after_post,
     render_page,
 )
 from backfill_portal.execution.models import Run
 from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
+from backfill_portal.warehouse.services.rollback import (
+    ROLLBACKABLE_REQUEST_STATES,
+    request_rollback,
+    rollback_rebuild,
+)
 
 # Polling stops once nothing will change without a person acting. `failed` is not
 # terminal for the lifecycle (it can be retried), but a retry reloads the page.
@@ -171,6 +192,9 @@ def _actions(user, req: BackfillRequest, steps: list[ApprovalStep], progress: di
         actions.add("resume" if req.paused else "pause")
     if operator and req.status in (RequestStatus.RUNNING, RequestStatus.FAILED) and progress["counts"].get("failed"):
         actions.add("retry")
+    if req.status in ROLLBACKABLE_REQUEST_STATES and (
+            has_role(user, Role.ONCALL, Role.ADMIN) or req.job.dataset.owner_id == user.pk):
+        actions.add("rollback")
     return actions
 
 
@@ -391,8 +415,9 @@ def request_detail(request, pk: int, *, status: int = 200, show_confirm_overlap:
         "runs_shown": RUNS_SHOWN,
         "side_effects": list(req.side_effects.order_by("name").values_list("name", flat=True)),
         "actions": _actions(request.user, req, steps, live["progress"]),
-        "decision_form": DecisionForm(), "cancel_form": ReasonForm(),
+        "decision_form": DecisionForm(), "cancel_form": ReasonForm(), "rollback_form": RequestRollbackForm(),
         "show_confirm_overlap": show_confirm_overlap,
+        "show_reconciliation": req.status in RECON_SHOWN_STATES,
     }, status=status)
 
 
@@ -446,6 +471,20 @@ def _run_action(verb: str, request, pk: int) -> str:
     if verb == "retry":
         request_retry_failed(actor=user, request_id=pk)
         return f"Failed intervals of request #{pk} queued again."
+    if verb == "rollback":
+        form = RequestRollbackForm(request.POST)
+        form.is_valid()
+        result = request_rollback(actor=user, request_id=pk, reason=form.cleaned_data.get("reason", ""))
+        text = (f"Request #{pk} rolled back: {len(result['partitions'])} partition(s) show their previous verified "
+                f"version again; {len(result['consumers'])} consumer run(s) had read the rolled-back versions.")
+        if form.cleaned_data.get("rebuild") and result["consumers"]:
+            try:
+                filed = rollback_rebuild(actor=user, request_id=pk)
+            except ApplicationError as exc:
+                text += f" The rebuild was not filed: {exc.message}"
+            else:
+                text += " Filed to rebuild them: " + ", ".join(f"#{r.pk} ({r.job.name})" for r in filed) + "."
+        return text
     raise NotFound(f"unknown action {verb!r}")
 
 
@@ -475,3 +514,444 @@ request_cancel = _action_view("cancel")
 request_pause_view = _action_view("pause")
 request_resume_view = _action_view("resume")
 request_retry_view = _action_view("retry")
+request_rollback_view = _action_view("rollback")
+
+
+# --- Approvals inbox ----------------------------------------------------------------------
+
+INBOX_MAX_STEPS = 200
+INBOX_MAX_HANDOFFS = 100
+
+
+def steps_waiting_for(user):
+    """Pending steps this user may decide: theirs, or the admin steps when they are an
+    admin. Never steps of their own requests (nobody approves their own request)."""
+    mine = Q(approver=user)
+    if has_role(user, Role.ADMIN):
+        mine |= Q(approver__isnull=True)
+    return (ApprovalStep.objects.filter(mine, status=StepStatus.PENDING, request__status=RequestStatus.PENDING_APPROVAL)
+            .exclude(request__requested_by=user)
+            .select_related("request__job__dataset", "request__requested_by", "dataset", "job")
+            .order_by("request_id", "id"))
+
+
+def handoffs_waiting_for(user):
+    """Hand-off items this user (a downstream owner) still has time to decide."""
+    return (HandoffItem.objects.filter(owner=user, status=HandoffItem.Status.PENDING, deadline__gte=timezone.now())
+            .select_related("request__job__dataset", "request__requested_by", "job__dataset")
+            .order_by("deadline", "id"))
+
+
+def _inbox_groups(user, steps: list[ApprovalStep], extra: list[BackfillRequest] = ()) -> list[dict]:
+    """One card per request: its plan summary, the small lineage picture, the steps.
+    Three queries whatever the number of cards: the lineage cache check, the side
+    effects (prefetched) and the planned interval counts (one GROUP BY)."""
+    from backfill_portal.catalog.lineage import LineageGraph
+    from backfill_portal.catalog.views import lineage_picture
+
+    groups: dict[int, dict] = {}
+    for step in steps:
+        groups.setdefault(step.request_id, {"req": step.request, "steps": []})["steps"].append(step)
+    for req in extra:
+        groups.setdefault(req.pk, {"req": req, "steps": []})
+    if not groups:
+        return []
+    reqs = [g["req"] for g in groups.values()]
+    prefetch_related_objects(reqs, "side_effects")
+    totals = dict(Interval.objects.filter(request_id__in=list(groups)).values_list("request_id")
+                  .annotate(n=Count("id")).order_by())
+    graph = LineageGraph.cached()
+    for pk, group in groups.items():
+        req = group["req"]
+        group["total"] = totals.get(pk, 0)
+        group["effects"] = sorted(j.name for j in req.side_effects.all())
+        group["downstream"] = sorted((req.node_actions or {}).items())
+        group["picture"] = lineage_picture(graph, req=req, compact=True, uid=f"ln-req{pk}") \
+            if req.job.name in graph.jobs else None
+    return list(groups.values())
+
+
+def _step_form(step: ApprovalStep, data=None) -> DecisionForm:
+    return DecisionForm(data, auto_id=f"step{step.pk}_%s")
+
+
+def _handoff_form(item: HandoffItem, data=None) -> HandoffDecisionForm:
+    return HandoffDecisionForm(data, auto_id=f"handoff{item.pk}_%s")
+
+
+def _attach_forms(groups: list[dict], handoffs: list[HandoffItem], bound: dict) -> None:
+    for group in groups:
+        group["forms"] = [(s, bound.get(("step", s.pk)) or _step_form(s)) for s in group["steps"]]
+    for item in handoffs:
+        item.form = bound.get(("handoff", item.pk)) or _handoff_form(item)
+
+
+def _render_inbox(request, *, bound: dict | None = None, status: int = 200) -> HttpResponse:
+    user = request.user
+    steps = list(steps_waiting_for(user)[:INBOX_MAX_STEPS])
+    handoffs = list(handoffs_waiting_for(user)[:INBOX_MAX_HANDOFFS])
+    groups = _inbox_groups(user, steps)
+    bound = bound or {}
+    _attach_forms(groups, handoffs, bound)
+    shown = {("step", s.pk) for s in steps} | {("handoff", h.pk) for h in handoffs}
+    for key, form in bound.items():
+        if key not in shown:  # a refusal about something not in my inbox: say it at the top
+            for errors in form.errors.values():
+                for text in errors:
+                    messages.error(request, text)
+    return render_page(request, "backfills/approvals.html", {
+        "groups": groups, "handoffs": handoffs, "n_steps": len(steps),
+        "more_steps": len(steps) >= INBOX_MAX_STEPS,
+    }, status=status)
+
+
+@login_required
+def approvals(request):
+    """The approvals inbox: steps waiting for me with the plan and its lineage, and my
+    pending hand-off items."""
+    return _render_inbox(request)
+
+
+def _card_response(request, req: BackfillRequest, *, alert: dict, bound: dict, status: int) -> HttpResponse:
+    """An htmx answer: the request's card again (what is left for me to decide, and what
+    just happened), plus the nav badge out of band."""
+    from backfill_portal.core.web import inbox_count
+
+    steps = [s for s in steps_waiting_for(request.user).filter(request=req)]
+    groups = _inbox_groups(request.user, steps, extra=[req])
+    _attach_forms(groups, [], bound)
+    return render(request, "backfills/partials/_inbox_request.html", {
+        "g": groups[0], "alert": alert, "oob_count": True, "nav_inbox": inbox_count(request.user),
+    }, status=status)
+
+
+def _handoff_response(request, item: HandoffItem, *, alert: dict, bound: dict, status: int) -> HttpResponse:
+    from backfill_portal.core.web import inbox_count
+
+    item.refresh_from_db()
+    _attach_forms([], [item], bound)
+    return render(request, "backfills/partials/_inbox_handoff.html", {
+        "item": item, "alert": alert, "oob_count": True, "nav_inbox": inbox_count(request.user),
+    }, status=status)
+
+
+def _form_errors(form, exc: ApplicationError, field: str) -> None:
+    if field in exc.fields:
+        for text in exc.fields[field]:
+            form.add_error(field, text)
+    else:
+        form.add_error(None, exc.message)
+
+
+@login_required
+@application_errors
+@require_POST
+def approval_step_decide_view(request, pk: int):
+    """Approve or reject one step (approval_step_decide, the API's service); a refusal
+    is shown on the step's form with its status (400 no comment, 403 not yours, 409
+    already decided)."""
+    step = (ApprovalStep.objects.select_related("request__job__dataset", "request__requested_by", "dataset", "job",
+                                                "approver").filter(pk=pk).first())
+    if step is None:
+        raise NotFound(f"approval step {pk} does not exist")
+    form = _step_form(step, request.POST)
+    form.is_valid()
+    decision = request.POST.get("decision")
+    try:
+        if decision not in ("approve", "reject"):
+            raise ValidationError("choose Approve or Reject")
+        approval_step_decide(actor=request.user, step=step, approve=decision == "approve",
+                             comment=form.cleaned_data.get("comment", ""))
+    except ApplicationError as exc:
+        _form_errors(form, exc, "comment")
+        status = error_status(exc)
+        bound = {("step", step.pk): form}
+        if is_htmx(request):
+            return _card_response(request, step.request, bound=bound, status=status,
+                                  alert={"level": "error", "text": exc.message})
+        return _render_inbox(request, bound=bound, status=status)
+    req = BackfillRequest.objects.select_related("job__dataset", "requested_by").get(pk=step.request_id)
+    verb = "approved" if decision == "approve" else "rejected"
+    text = f"You {verb} the {step.get_kind_display().lower()} step of request #{req.pk}; the request is now {req.status}."
+    if is_htmx(request):
+        return _card_response(request, req, bound={}, status=200, alert={"level": "success", "text": text})
+    messages.success(request, text)
+    return redirect_after_post(request, reverse("approvals"))
+
+
+@login_required
+@application_errors
+@require_POST
+def handoff_decide_view(request, pk: int):
+    """Accept (files a linked cascade request in my name) or decline (with a comment)."""
+    item = (HandoffItem.objects.select_related("request__job__dataset", "request__requested_by", "job__dataset",
+                                               "owner").filter(pk=pk).first())
+    if item is None:
+        raise NotFound(f"hand-off item {pk} does not exist")
+    form = _handoff_form(item, request.POST)
+    form.is_valid()
+    decision = request.POST.get("decision")
+    comment = form.cleaned_data.get("comment", "")
+    try:
+        if decision == "accept":
+            done = handoff_accept(actor=request.user, item_id=item.pk, comment=comment)
+            text = f"Accepted: request #{done.follow_up_id} rebuilds {item.job.name} and is waiting for approval."
+        elif decision == "decline":
+            handoff_decline(actor=request.user, item_id=item.pk, comment=comment)
+            text = f"Declined: {item.job.name} stays on its current version."
+        else:
+            raise ValidationError("choose Accept or Decline")
+    except ApplicationError as exc:
+        _form_errors(form, exc, "comment")
+        status = error_status(exc)
+        bound = {("handoff", item.pk): form}
+        if is_htmx(request):
+            return _handoff_response(request, item, bound=bound, status=status,
+                                     alert={"level": "error", "text": exc.message})
+        return _render_inbox(request, bound=bound, status=status)
+    if is_htmx(request):
+        return _handoff_response(request, item, bound={}, status=200, alert={"level": "success", "text": text})
+    messages.success(request, text)
+    return redirect_after_post(request, reverse("approvals"))
+
+
+# --- Reconciliation ---------------------------------------------------------------------
+
+RECON_ROWS_PER_PAGE = 500
+RECON_SHOWN_STATES = (RequestStatus.RECONCILING, RequestStatus.COMPLETED, RequestStatus.ROLLED_BACK)
+_NOT_RUN_YET = (RequestStatus.DRAFT, RequestStatus.PENDING_APPROVAL, RequestStatus.APPROVED, RequestStatus.REJECTED)
+VERDICT_FILTERS = ("unexplained", "explained", "matched")
+
+
+def _may_review(user, req: BackfillRequest) -> bool:
+    """Mirrors the service: the requester, the target owner, on-call or an admin explain."""
+    return user.pk in (req.requested_by_id, req.job.dataset.owner_id) or has_role(user, Role.ONCALL, Role.ADMIN)
+
+
+def _signoff_rule(user, req: BackfillRequest) -> tuple[bool, str]:
+    """Mirrors the service: the target owner signs off; an admin when the owner filed it."""
+    owner = req.job.dataset.owner
+    if owner.pk == req.requested_by_id:
+        if has_role(user, Role.ADMIN) and user.pk != req.requested_by_id:
+            return True, ""
+        return False, f"{owner.username} filed this request on their own dataset, so an admin signs it off."
+    if user.pk == owner.pk:
+        return True, ""
+    return False, f"Only {owner.username}, the owner of {req.job.dataset.name}, signs off."
+
+
+def _verdict_counts(req: BackfillRequest) -> dict[str, int]:
+    counts = dict(ReconciliationRow.objects.filter(request=req).values_list("verdict").annotate(n=Count("id"))
+                  .order_by())
+    return {v: counts.get(v, 0) for v in VERDICT_FILTERS}
+
+
+def _signoff_context(user, req: BackfillRequest, recon, counts: dict) -> dict:
+    allowed, why = _signoff_rule(user, req)
+    blocked = ""
+    if req.status != RequestStatus.RECONCILING:
+        blocked = f"The request is {req.status}; only a reconciling request is signed off."
+    elif counts["unexplained"]:
+        blocked = (f"{counts['unexplained']} interval{'s are' if counts['unexplained'] != 1 else ' is'} unexplained: "
+                   "explain every difference before signing off.")
+    return {"signoff_allowed": allowed, "signoff_why": why, "signoff_blocked": blocked,
+            "signed": recon is not None and recon.signed_off_at is not None}
+
+
+def _chart_series(rows: list) -> list[dict]:
+    """Per job: rows before (grey bar), after (blue bar) and baseline (dashed line) per
+    interval, as SVG coordinates computed here (no charting library)."""
+    by_job: dict[str, list] = {}
+    for row in rows:
+        by_job.setdefault(row.job.name, []).append(row)
+    charts = []
+    for job, items in by_job.items():
+        values = [v for r in items for v in (r.rows_before, r.rows_after, r.rows_baseline) if v is not None]
+        top = _nice_ceiling(max(values, default=0) or 1)
+        n = len(items)
+        slot = max(6, min(64, 880 // max(n, 1)))
+        left, plot_h, pad_top = 64, 180, 12
+        width = left + slot * n + 16
+        def y(v):
+            return round(pad_top + plot_h - (v / top) * plot_h, 1)
+
+        bars, baseline_pts, labels = [], [], []
+        every = max(1, n // 12)
+        for i, r in enumerate(items):
+            x = left + i * slot
+            bar = {"x": x + slot * 0.1, "w": slot * 0.8, "xa": x + slot * 0.28, "wa": slot * 0.44, "row": r}
+            if r.rows_before is not None:
+                bar["yb"], bar["hb"] = y(r.rows_before), round(plot_h + pad_top - y(r.rows_before), 1)
+            if r.rows_after is not None:
+                bar["ya"], bar["ha"] = y(r.rows_after), round(plot_h + pad_top - y(r.rows_after), 1)
+            bars.append(bar)
+            if r.rows_baseline is not None:
+                baseline_pts.append((round(x + slot / 2, 1), y(r.rows_baseline)))
+            if i % every == 0:
+                labels.append({"x": round(x + slot / 2, 1), "text": r.partition_key[-5:] if len(r.partition_key) == 10
+                               else r.partition_key})
+        ticks = [{"y": y(top * k / 4), "text": _short_number(top * k / 4)} for k in range(5)]
+        charts.append({
+            "job": job, "bars": bars, "width": width, "height": pad_top + plot_h + 28, "left": left,
+            "axis_y": pad_top + plot_h, "right": width - 8, "ticks": ticks, "labels": labels,
+            "label_y": pad_top + plot_h + 18,
+            "baseline": " ".join(f"{px},{py}" for px, py in baseline_pts), "baseline_pts": baseline_pts,
+            "desc": _chart_desc(job, items),
+        })
+    return charts
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 times a power of ten at or above value."""
+    import math
+
+    exp = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 2.5, 5, 10):
+        if step * exp >= value:
+            return step * exp
+    return 10 * exp
+
+
+def _short_number(value: float) -> str:
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _chart_desc(job: str, rows: list) -> str:
+    parts = []
+    for r in rows[:40]:
+        base = f", baseline {r.rows_baseline:g}" if r.rows_baseline is not None else ""
+        parts.append(f"{r.partition_key}: before {r.rows_before if r.rows_before is not None else 'none'}, "
+                     f"after {r.rows_after if r.rows_after is not None else 'none'}{base}")
+    more = f"; and {len(rows) - 40} more intervals" if len(rows) > 40 else ""
+    return f"Rows per interval of {job}: " + "; ".join(parts) + more + "."
+
+
+def _recon_or_none(req: BackfillRequest):
+    """The stored reconciliation; computed the first time it is read (as the API does),
+    once something ran."""
+    from backfill_portal.backfills.services.reconciliation import reconciliation_get
+
+    if req.status in _NOT_RUN_YET:
+        return None
+    return reconciliation_get(request_id=req.pk)
+
+
+@login_required
+@application_errors
+def reconciliation(request, pk: int, *, status: int = 200, bound: dict | None = None):
+    """The manifest, the four numbers per interval (500 a page, filterable by verdict),
+    explain forms, sign-off and a chart of rows before/after/baseline."""
+    from backfill_portal.backfills.services.reconciliation import reconciliation_rows
+
+    req = _request_or_404(pk)
+    recon = _recon_or_none(req)
+    rows, counts, after, next_after, verdict = [], {v: 0 for v in VERDICT_FILTERS}, None, None, ""
+    if recon is not None:
+        verdict = request.GET.get("verdict", "")
+        qs = reconciliation_rows(recon)
+        if verdict in VERDICT_FILTERS:
+            qs = qs.filter(verdict=verdict)
+        after = parse_int(request.GET.get("after"))
+        if after is not None:
+            qs = qs.filter(pk__gt=after)
+        rows = list(qs.order_by("pk")[: RECON_ROWS_PER_PAGE + 1])  # rows are created in (job, position) order
+        if len(rows) > RECON_ROWS_PER_PAGE:
+            rows = rows[:RECON_ROWS_PER_PAGE]
+            next_after = rows[-1].pk
+        counts = _verdict_counts(req)
+    can_explain = _may_review(request.user, req) and req.status == RequestStatus.RECONCILING
+    for row in rows:
+        row.form = (bound or {}).get(row.pk) or _explain_form(row)
+    return render_page(request, "backfills/reconciliation.html", {
+        "req": req, "recon": recon, "rows": rows, "counts": counts, "verdict": verdict,
+        "after": after, "next_after": next_after, "per_page": RECON_ROWS_PER_PAGE,
+        "multi_job": len({r.job_id for r in rows}) > 1 or bool(req.node_actions),
+        "manifest": (recon.manifest if recon else {}) or {},
+        "exceptions": [(name.replace("_", " "), items) for name, items in
+                       ((recon.manifest or {}).get("exceptions") or {}).items()] if recon else [],
+        "charts": _chart_series(rows), "can_explain": can_explain,
+        "can_recompute": _may_review(request.user, req) and recon is not None and recon.signed_off_at is None,
+        "signoff_form": SignoffForm(), **_signoff_context(request.user, req, recon, counts),
+    }, status=status)
+
+
+def _explain_form(row, data=None) -> ExplainForm:
+    return ExplainForm(data, auto_id=f"row{row.pk}_%s", initial={"explanation": row.explanation, "job": row.job.name})
+
+
+@login_required
+@application_errors
+@require_POST
+def reconciliation_explain(request, pk: int, row_pk: int):
+    """One interval's explanation (interval_explain). htmx gets the row back, plus the
+    verdict counts and the sign-off panel out of band; a refusal stays on the row."""
+    from backfill_portal.backfills.services.reconciliation import interval_explain
+
+    req = _request_or_404(pk)
+    row = ReconciliationRow.objects.select_related("job", "dataset", "explained_by").filter(
+        pk=row_pk, request=req).first()
+    if row is None:
+        raise NotFound(f"request #{pk} has no reconciliation row {row_pk} (recomputed since?); reload the page")
+    form = _explain_form(row, request.POST)
+    form.is_valid()
+    status, notice = 200, ""
+    try:
+        interval_explain(actor=request.user, request_id=req.pk, partition_key=row.partition_key,
+                         explanation=form.cleaned_data.get("explanation", ""), job=row.job.name)
+    except ApplicationError as exc:
+        _form_errors(form, exc, "explanation")
+        status = error_status(exc)
+    else:
+        row = ReconciliationRow.objects.select_related("job", "dataset", "explained_by").get(pk=row.pk)
+        notice = f"Saved: {row.partition_key} is {row.verdict}."
+        form = _explain_form(row)
+    if not is_htmx(request):
+        if status != 200:
+            return reconciliation(request, pk, status=status, bound={row.pk: form})
+        messages.success(request, notice)
+        return redirect_after_post(request, reverse("reconciliation", args=[pk]) + f"#rec-row-{row.pk}")
+    row.form = form
+    from backfill_portal.backfills.models import Reconciliation
+
+    recon = Reconciliation.objects.filter(request=req).select_related("signed_off_by").first()
+    counts = _verdict_counts(req)
+    return render(request, "backfills/partials/_reconciliation_row_response.html", {
+        "req": req, "row": row, "recon": recon, "counts": counts, "notice": notice,
+        "multi_job": bool(req.node_actions), "can_explain": True, "oob": True,
+        "signoff_form": SignoffForm(), **_signoff_context(request.user, req, recon, counts),
+    }, status=status)
+
+
+@login_required
+@application_errors
+@require_POST
+def reconciliation_signoff_view(request, pk: int):
+    from backfill_portal.backfills.services.reconciliation import reconciliation_signoff
+
+    _request_or_404(pk)
+    form = SignoffForm(request.POST)
+    form.is_valid()
+    try:
+        req = reconciliation_signoff(actor=request.user, request_id=pk, comment=form.cleaned_data.get("comment", ""))
+    except ApplicationError as exc:
+        return reconciliation(request, pk, status=flash_error(request, exc))
+    messages.success(request, f"Signed off: request #{req.pk} is {req.status}.")
+    return redirect_after_post(request, reverse("reconciliation", args=[pk]))
+
+
+@login_required
+@application_errors
+@require_POST
+def reconciliation_recompute_view(request, pk: int):
+    from backfill_portal.backfills.services.reconciliation import reconciliation_recompute
+
+    _request_or_404(pk)
+    try:
+        reconciliation_recompute(actor=request.user, request_id=pk)
+    except ApplicationError as exc:
+        return reconciliation(request, pk, status=flash_error(request, exc))
+    messages.success(request, "Recomputed from the warehouse; explanations already written are kept.")
+    return redirect_after_post(request, reverse("reconciliation", args=[pk]))

@@ -6,32 +6,20 @@ import json
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.db.models import Q
 from django.http import StreamingHttpResponse
 from django.utils import timezone
 
-from backfill_portal.backfills.choices import RequestStatus, StepStatus
-from backfill_portal.backfills.models import ApprovalStep
+from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.selectors import request_list
+from backfill_portal.backfills.views import handoffs_waiting_for, steps_waiting_for
 from backfill_portal.core.models import AuditEvent
-from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import keyset_page, query_without, render_page
+from backfill_portal.warehouse.models import Publication
 
 HOME_ROWS = 10
 HOME_RUNNING_ROWS = 20
 HOME_WAITING_ROWS = 50
-
-
-def _steps_waiting_for(user):
-    """Pending steps this user may decide: theirs, or the admin steps when they are an admin.
-    Never steps of their own requests (nobody approves their own request)."""
-    mine = Q(approver=user)
-    if has_role(user, Role.ADMIN):
-        mine |= Q(approver__isnull=True)
-    return (ApprovalStep.objects.filter(mine, status=StepStatus.PENDING, request__status=RequestStatus.PENDING_APPROVAL)
-            .exclude(request__requested_by=user)
-            .select_related("request__job__dataset", "request__requested_by", "dataset", "job")
-            .order_by("request_id", "id"))
+HOME_ROLLBACKS = 10
 
 
 @login_required
@@ -39,8 +27,12 @@ def home(request):
     user = request.user
     return render_page(request, "core/home.html", {
         "my_requests": list(request_list(user=user, mine=True).order_by("-id")[:HOME_ROWS]),
-        "waiting": list(_steps_waiting_for(user)[:HOME_WAITING_ROWS]),
+        "waiting": list(steps_waiting_for(user)[:HOME_WAITING_ROWS]),
         "running": list(request_list().filter(status=RequestStatus.RUNNING).order_by("-id")[:HOME_RUNNING_ROWS]),
+        "handoffs": list(handoffs_waiting_for(user)[:HOME_WAITING_ROWS]),
+        "rollbacks": list(Publication.objects.filter(action=Publication.Action.ROLLBACK)
+                          .select_related("dataset", "version__run", "previous_version__run", "actor")
+                          .order_by("-id")[:HOME_ROLLBACKS]),
     })
 
 

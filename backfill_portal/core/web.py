@@ -26,9 +26,23 @@ def is_htmx(request: HttpRequest) -> bool:
 
 
 def render_page(request: HttpRequest, template: str, context: dict | None = None, *, status: int = 200) -> HttpResponse:
-    """Render a template with what base.html needs (the user's roles) added."""
-    ctx = {"nav_roles": sorted(user_roles(request.user)), **(context or {})}
+    """Render a template with what base.html needs (the user's roles and the count of
+    the approvals inbox, one query) added."""
+    ctx = {"nav_roles": sorted(user_roles(request.user)), "nav_inbox": inbox_count(request.user), **(context or {})}
     return render(request, template, ctx, status=status)
+
+
+def inbox_count(user) -> int | None:
+    """How many approval steps and hand-off items wait for this user, in one query
+    (a UNION ALL of the two id lists, counted by the database)."""
+    if not getattr(user, "is_authenticated", False):
+        return None
+    # Imported here: the backfills views import this module.
+    from backfill_portal.backfills.views import handoffs_waiting_for, steps_waiting_for
+
+    steps = steps_waiting_for(user).order_by().values_list("pk")
+    handoffs = handoffs_waiting_for(user).order_by().values_list("pk")
+    return steps.union(handoffs, all=True).count()
 
 
 def redirect_after_post(request: HttpRequest, to: str) -> HttpResponse:
@@ -57,15 +71,15 @@ def error_messages(exc: ApplicationError) -> list[str]:
 
 
 def render_error(request: HttpRequest, exc: ApplicationError) -> HttpResponse:
-    """A full error page (403 with the reason, 404, 409, ...)."""
+    """A full error page (403 with the reason, 404, 409, ...); for htmx, the alert alone,
+    swapped where the fragment would have gone."""
     status = error_status(exc)
     titles = {403: "Not allowed", 404: "Not found", 409: "Conflict"}
-    return render_page(
-        request, "errors/application_error.html",
-        {"status": status, "title": titles.get(status, "Request refused"), "messages_list": error_messages(exc),
-         "code": exc.code},
-        status=status,
-    )
+    ctx = {"status": status, "title": titles.get(status, "Request refused"), "messages_list": error_messages(exc),
+           "code": exc.code}
+    if is_htmx(request):
+        return render(request, "errors/_application_error_alert.html", ctx, status=status)
+    return render_page(request, "errors/application_error.html", ctx, status=status)
 
 
 def flash_error(request: HttpRequest, exc: ApplicationError) -> int:
@@ -116,6 +130,29 @@ def keyset_page(qs: QuerySet, before, *, size: int = PAGE_SIZE) -> KeysetPage:
     more = len(rows) > size
     rows = rows[:size]
     return KeysetPage(rows=rows, next_before=rows[-1].pk if more and rows else None, before=cursor)
+
+
+@dataclass
+class KeyPage:
+    rows: list
+    next_before: str | None  # pass as ?before= for the next page (smaller keys)
+    before: str | None
+
+
+def keyset_page_by(qs: QuerySet, field: str, before, *, size: int = PAGE_SIZE) -> KeyPage:
+    """Keyset pagination on a unique text key, largest first (partition keys sort in
+    time order): `before` is the smallest key already shown."""
+    cursor = str(before).strip()[:200] if before else None
+    if cursor:
+        qs = qs.filter(**{f"{field}__lt": cursor})
+    rows = list(qs.order_by(f"-{field}")[: size + 1])
+    more = len(rows) > size
+    rows = rows[:size]
+
+    def key(row):
+        return row[field] if isinstance(row, dict) else getattr(row, field)
+
+    return KeyPage(rows=rows, next_before=key(rows[-1]) if more and rows else None, before=cursor or None)
 
 
 def query_without(request: HttpRequest, *keys: str) -> str:

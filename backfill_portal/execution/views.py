@@ -1,13 +1,15 @@
 """Run detail: identity, attempts, checks, pinned inputs, the version written and its
-publications. A fixed number of queries whatever the run holds."""
+publications; and the side-effect outbox. A fixed number of queries whatever they hold."""
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import Q
 
+from backfill_portal.catalog.choices import JobKind
+from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import NotFound
-from backfill_portal.core.web import application_errors, render_page
-from backfill_portal.execution.models import Attempt, CheckResult, Run
+from backfill_portal.core.web import application_errors, keyset_page, query_without, render_page
+from backfill_portal.execution.models import Attempt, CheckResult, Delivery, Run
 from backfill_portal.warehouse.models import Consumption, Publication, Version
 
 
@@ -50,3 +52,17 @@ def _is_current(version: Version | None, publications: list[Publication]) -> boo
     if version is None or not publications:
         return None if version is None else False
     return publications[0].version_id == version.pk
+
+
+@login_required
+def outbox(request):
+    """Side-effect deliveries, newest first (keyset on id); ?job= narrows to one node."""
+    qs = Delivery.objects.select_related("job__dataset", "run__request")
+    job = (request.GET.get("job") or "").strip()
+    if job:
+        qs = qs.filter(job__name=job)
+    page = keyset_page(qs, request.GET.get("before"))
+    effect_jobs = list(Job.objects.filter(kind=JobKind.SIDE_EFFECT).order_by("name").values_list("name", flat=True))
+    return render_page(request, "execution/outbox.html", {
+        "page": page, "job": job, "effect_jobs": effect_jobs, "keep_query": query_without(request, "before"),
+    })

@@ -53,3 +53,23 @@ def make_request(personas, catalog):
         return BackfillRequest.objects.get(pk=req.pk)
 
     return make
+
+
+@pytest.fixture
+def pipeline(personas, demo_sources, task_queue, warehouse):
+    """Source data, the catalog with the reconciliation variants, and the in-process
+    queue: requests run to their end with run_request(personas, pipeline, ...)."""
+    from tests.reconciliation.helpers import deploy
+
+    deploy()
+    return task_queue
+
+
+@pytest.fixture
+def incident(personas, pipeline):
+    """A good version of two days, a doubled one over it (every run green), and
+    dws_sales_daily rebuilt on the doubled one: (good, bad, dws) requests."""
+    from tests.browser.scenarios import doubled_incident
+
+    return doubled_incident(personas, pipeline, good_range=("2022-10-01", "2022-10-02"),
+                            bad_range=("2022-10-01", "2022-10-02"), with_consumer=True)

@@ -10,7 +10,7 @@ from backfill_portal.execution.services.dispatch import dispatch_request
 
 
 @pytest.fixture
-def objects(make_request):
+def objects(make_request, warehouse):
     running = make_request("running")
     dispatch_request(request_id=running.pk)
     run = Run.objects.filter(request=running).first()
@@ -29,6 +29,12 @@ def page_urls(objects) -> dict[str, str]:
         "catalog": reverse("catalog"),
         "catalog-job": reverse("catalog-job", args=["dwd_order_items"]),
         "audit": reverse("audit"),
+        "approvals": reverse("approvals"),
+        "lineage": reverse("lineage"),
+        "lineage-root": reverse("lineage") + "?root=dwd_order_items",
+        "outbox": reverse("outbox"),
+        "dataset": reverse("dataset", args=["dwd_order_items"]),
+        "reconciliation": reverse("reconciliation", args=[req.pk]),
     }
 
 
@@ -55,6 +61,17 @@ def test_actions_redirect_anonymous_users_to_login_and_change_nothing(objects, n
     assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
     req.refresh_from_db()
     assert req.status == "running" and not req.paused
+
+
+@pytest.mark.parametrize("name, args", [
+    ("approval-step-decide", [1]), ("handoff-decide", [1]), ("reconciliation-explain", [1, 1]),
+    ("reconciliation-signoff", [1]), ("reconciliation-recompute", [1]),
+    ("partition-rollback-confirm", ["dwd_order_items", "2022-10-01"]),
+    ("partition-rebuild-consumers", ["dwd_order_items", "2022-10-01"]),
+])
+def test_new_actions_redirect_anonymous_users_to_login(catalog, name, args):
+    response = Client().post(reverse(name, args=args), {"decision": "approve", "reason": "x"})
+    assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
 
 
 def test_preview_and_audit_csv_need_login_too(catalog):
@@ -87,6 +104,7 @@ def test_base_layout_has_landmarks_nav_roles_and_csrf_header(web, catalog):
     assert '<main id="main"' in html and 'href="#main"' in html  # landmark and skip link
     assert 'hx-headers=\'{"X-CSRFToken": "' in html
     for label, url in [("Home", "/"), ("Requests", "/requests/"), ("New request", "/requests/new/"),
+                       ("Approvals", "/approvals/"), ("Lineage", "/lineage/"), ("Outbox", "/outbox/"),
                        ("Catalog", "/catalog/"), ("Audit", "/audit/"), ("API docs", "/api/docs/")]:
         assert f'href="{url}"' in html and label in html
     assert 'aria-current="page"' in html

@@ -1,0 +1,116 @@
+"""Playwright driving Debian's chromium (headless) against pytest-django's live server.
+
+The worker runs in-process: the `task_queue` fixture collects what the outbox sends and
+the test calls `drain()` between browser steps, as a Celery worker would. Every journey
+saves screenshots under test-artifacts/<journey>/.
+
+Skipped, with the reason, when /usr/bin/chromium or the playwright package is missing
+(`apt-get install chromium`; `pip install -e .[test]`). Never a downloaded browser.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+LAUNCH_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - depends on the machine
+    sync_playwright = None
+
+# Playwright's sync API keeps an event loop running in this thread; the ORM calls the
+# tests make between browser steps are still synchronous code.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+def _missing() -> str:
+    if sync_playwright is None:
+        return "playwright is not installed (pip install -e .[test])"
+    if not CHROMIUM.exists():
+        return "Debian's chromium is not installed (apt-get install chromium): /usr/bin/chromium is missing"
+    return ""
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = _missing()
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here):
+            item.add_marker(pytest.mark.browser)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+class Persona:
+    """One signed-in user in their own browser context (own cookies)."""
+
+    def __init__(self, context, page, name: str, base_url: str, journey: str):
+        self.context, self.page, self.name, self.base_url, self.journey = context, page, name, base_url, journey
+
+    def goto(self, path: str):
+        return self.page.goto(self.base_url + path)
+
+    def shot(self, label: str) -> Path:
+        folder = ARTIFACTS / self.journey
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{len(list(folder.glob('*.png'))) + 1:02d}-{self.name}-{label}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+
+@pytest.fixture
+def as_user(chromium, live_server, personas, request):
+    """as_user('alice') -> a Persona logged in through the login form."""
+    journey = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_")).strip("-")[:60]
+    for old in (ARTIFACTS / journey).glob("*.png"):
+        old.unlink()
+    opened = []
+
+    def login(name: str) -> Persona:
+        context = chromium.new_context(viewport={"width": 1360, "height": 900}, accept_downloads=True,
+                                       locale="en-GB", timezone_id="UTC")
+        context.set_default_timeout(10_000)
+        page = context.new_page()
+        persona = Persona(context, page, name, live_server.url, journey)
+        opened.append(persona)
+        persona.goto("/login/")
+        page.get_by_label("Username").fill(name)
+        page.get_by_label("Password").fill("pw-" + name)
+        page.get_by_role("button", name=re.compile("log in|sign in", re.I)).click()
+        page.wait_for_url(live_server.url + "/")
+        return persona
+
+    yield login
+    failed = getattr(request.node, "rep_call", None)
+    for persona in opened:
+        if failed is not None and failed.failed:
+            try:
+                persona.shot("FAILED")
+            except Exception:  # noqa: BLE001 - best effort, the failure is already reported
+                pass
+        persona.context.close()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, "rep_" + report.when, report)
+    return report
