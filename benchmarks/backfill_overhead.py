@@ -34,6 +34,7 @@ from backfill_portal.backfills.services.requests import (  # noqa: E402
 from backfill_portal.catalog.models import Job  # noqa: E402
 from backfill_portal.celery import app  # noqa: E402
 from backfill_portal.execution import queue as outbox  # noqa: E402
+from backfill_portal.backfills import tasks as backfill_tasks  # noqa: E402, F401
 from backfill_portal.execution import tasks  # noqa: E402, F401
 from backfill_portal.execution.executors import source_sql  # noqa: E402
 from backfill_portal.warehouse.demo_data import load_demo_sources  # noqa: E402

@@ -6,6 +6,8 @@ functions and any table that is not a declared upstream.
 """
 from __future__ import annotations
 
+import functools
+
 import jinja2
 import sqlglot
 from sqlglot import exp
@@ -89,6 +91,13 @@ def referenced_tables(template: str) -> tuple[set[str], set[str]]:
 
 def check_template(template: str, *, upstreams: set[str]) -> set[str]:
     """Raise TemplateError unless the template reads only declared upstreams via ref()."""
+    return set(_check_template(template, frozenset(upstreams)))
+
+
+@functools.lru_cache(maxsize=512)
+def _check_template(template: str, upstreams: frozenset[str]) -> frozenset[str]:
+    # Parsing costs milliseconds and every run of a job checks the same frozen
+    # template again: remember the verdicts (a refusal is re-raised each time).
     refs, others = referenced_tables(template)
     if others:
         raise TemplateError(
@@ -97,4 +106,4 @@ def check_template(template: str, *, upstreams: set[str]) -> set[str]:
     undeclared = refs - upstreams
     if undeclared:
         raise TemplateError(f"reads {', '.join(sorted(undeclared))}, which the job does not declare in `reads`")
-    return refs
+    return frozenset(refs)
