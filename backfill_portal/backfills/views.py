@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q, prefetch_related_objects
-from django.db.models.functions import Substr
+from django.db.models import Count, IntegerField, OuterRef, Q, Subquery, prefetch_related_objects
+from django.db.models.functions import Coalesce, Substr
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -61,7 +61,7 @@ from backfill_portal.core.web import (
     redirect_after_post,
     render_page,
 )
-from backfill_portal.execution.models import Run
+from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
 from backfill_portal.warehouse.services.rollback import (
     ROLLBACKABLE_REQUEST_STATES,
@@ -167,8 +167,14 @@ def _steps(req: BackfillRequest) -> list[ApprovalStep]:
 
 
 def _latest_runs(req: BackfillRequest) -> list[Run]:
-    return list(Run.objects.filter(request=req).select_related("job").annotate(n_attempts=Count("attempts"))
-                .order_by("-id")[:RUNS_SHOWN])
+    # A correlated count per shown run (not a GROUP BY over every run of the request),
+    # ordered along the (request, created_at, id) index so an old request's page does
+    # not scan the whole runs table backwards.
+    attempts = (Attempt.objects.filter(run=OuterRef("pk")).order_by().values("run")
+                .annotate(n=Count("pk")).values("n"))
+    return list(Run.objects.filter(request=req).select_related("job")
+                .annotate(n_attempts=Coalesce(Subquery(attempts, output_field=IntegerField()), 0))
+                .order_by("-created_at", "-id")[:RUNS_SHOWN])
 
 
 # --- Which actions to offer (the services still refuse forged POSTs) ---------------------

@@ -49,6 +49,7 @@ class Run(models.Model):
             models.Index(fields=["job", "partition_key"]),
             models.Index(fields=["status", "id"]),
             models.Index(fields=["request", "status"]),
+            models.Index(fields=["request", "created_at", "id"]),
         ]
 
     def __str__(self) -> str:
