@@ -182,3 +182,21 @@ def test_lineage_api_maps_partitions_across_grains(personas, catalog, api):
     assert nodes["notify_finance"]["side_effect"] is True
     assert api("audrey").get("/api/lineage/", {"root": "nope"}).status_code == 404
     assert api("audrey").get("/api/lineage/", {"root": "dwd_order_items", "start": "2022-10-30"}).status_code == 400
+
+
+def test_approvals_inbox_lists_the_steps_waiting_for_me_and_decides_them(personas, catalog, api):
+    request = file_cascade(personas)
+    inbox = api("sam").get("/api/approvals/", {"mine": "1"}).json()["results"]
+    assert [(s["dataset"], s["approver"], s["status"]) for s in inbox] == [("dws_sales_daily", "sam", "pending")]
+    assert api("alice").get("/api/approvals/", {"mine": "1"}).json()["results"] == []  # never my own request
+    refused = api("rita").post(f"/api/approvals/{inbox[0]['id']}/approve/", {}, format="json")
+    assert refused.status_code == 403 and "sam" in refused.json()["detail"]
+    decided = api("sam").post(f"/api/approvals/{inbox[0]['id']}/approve/", {"comment": "ok"}, format="json").json()
+    assert (decided["status"], decided["decided_by"]) == ("approved", "sam")
+    assert api("sam").get("/api/approvals/", {"mine": "1"}).json()["results"] == []
+    twice = api("sam").post(f"/api/approvals/{inbox[0]['id']}/approve/", {}, format="json")
+    assert twice.status_code == 409
+    no_reason = api("olivia").post(
+        f"/api/approvals/{ApprovalStep.objects.get(request=request, approver=personas['olivia']).pk}/reject/",
+        {"comment": ""}, format="json")
+    assert no_reason.status_code == 400 and "comment" in no_reason.json()["errors"]

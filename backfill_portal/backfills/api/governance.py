@@ -39,21 +39,21 @@ class ApprovalStepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
             raise NotFound(f"approval step {pk} does not exist")
         return step
 
-    @extend_schema(request=CommentSerializer, responses=ApprovalStepSerializer)
-    @action(detail=True, methods=["post"])
-    def approve(self, request, pk=None):
+    def _decide(self, request, pk, *, approve: bool) -> Response:
         body = CommentSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        step = approval_step_decide(actor=request.user, step=self._step(pk), approve=True, **body.validated_data)
+        step = approval_step_decide(actor=request.user, step=self._step(pk), approve=approve, **body.validated_data)
         return Response(ApprovalStepSerializer(self._step(step.pk)).data)
 
     @extend_schema(request=CommentSerializer, responses=ApprovalStepSerializer)
     @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        return self._decide(request, pk, approve=True)
+
+    @extend_schema(request=CommentSerializer, responses=ApprovalStepSerializer)
+    @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
-        body = CommentSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        step = approval_step_decide(actor=request.user, step=self._step(pk), approve=False, **body.validated_data)
-        return Response(ApprovalStepSerializer(self._step(step.pk)).data)
+        return self._decide(request, pk, approve=False)
 
 
 class HandoffSerializer(serializers.ModelSerializer):
