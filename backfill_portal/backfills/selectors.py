@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
 
-from backfill_portal.backfills.choices import IntervalStatus
-from backfill_portal.backfills.models import BackfillRequest, Interval
+from backfill_portal.backfills.choices import IntervalStatus, RequestStatus, StepStatus
+from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, HandoffItem, Interval
+from backfill_portal.core.roles import Role, has_role
 
 
 def request_list(*, user=None, mine: bool = False) -> QuerySet[BackfillRequest]:
@@ -24,3 +26,22 @@ def request_progress(request: BackfillRequest) -> dict[str, int]:
 
 def request_intervals(request: BackfillRequest) -> QuerySet[Interval]:
     return Interval.objects.filter(request=request).select_related("job").order_by("job_id", "position")
+
+
+def steps_waiting_for(user):
+    """Pending steps this user may decide: theirs, or the admin steps when they are an
+    admin. Never steps of their own requests (nobody approves their own request)."""
+    mine = Q(approver=user)
+    if has_role(user, Role.ADMIN):
+        mine |= Q(approver__isnull=True)
+    return (ApprovalStep.objects.filter(mine, status=StepStatus.PENDING, request__status=RequestStatus.PENDING_APPROVAL)
+            .exclude(request__requested_by=user)
+            .select_related("request__job__dataset", "request__requested_by", "dataset", "job")
+            .order_by("request_id", "id"))
+
+
+def handoffs_waiting_for(user):
+    """Hand-off items this user (a downstream owner) still has time to decide."""
+    return (HandoffItem.objects.filter(owner=user, status=HandoffItem.Status.PENDING, deadline__gte=timezone.now())
+            .select_related("request__job__dataset", "request__requested_by", "job__dataset")
+            .order_by("deadline", "id"))

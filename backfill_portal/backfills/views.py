@@ -15,7 +15,6 @@ from django.db.models.functions import Coalesce, Substr
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
@@ -34,7 +33,7 @@ from backfill_portal.backfills.forms import (
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, HandoffItem, Interval, ReconciliationRow
 from backfill_portal.backfills.planning import dst_notes, plan_intervals
 from backfill_portal.backfills.selectors import request_list as request_list_qs
-from backfill_portal.backfills.selectors import request_progress
+from backfill_portal.backfills.selectors import handoffs_waiting_for, request_progress, steps_waiting_for
 from backfill_portal.backfills.services.handoff import handoff_accept, handoff_decline
 from backfill_portal.backfills.services.requests import (
     NodeAction,
@@ -527,25 +526,6 @@ request_rollback_view = _action_view("rollback")
 
 INBOX_MAX_STEPS = 200
 INBOX_MAX_HANDOFFS = 100
-
-
-def steps_waiting_for(user):
-    """Pending steps this user may decide: theirs, or the admin steps when they are an
-    admin. Never steps of their own requests (nobody approves their own request)."""
-    mine = Q(approver=user)
-    if has_role(user, Role.ADMIN):
-        mine |= Q(approver__isnull=True)
-    return (ApprovalStep.objects.filter(mine, status=StepStatus.PENDING, request__status=RequestStatus.PENDING_APPROVAL)
-            .exclude(request__requested_by=user)
-            .select_related("request__job__dataset", "request__requested_by", "dataset", "job")
-            .order_by("request_id", "id"))
-
-
-def handoffs_waiting_for(user):
-    """Hand-off items this user (a downstream owner) still has time to decide."""
-    return (HandoffItem.objects.filter(owner=user, status=HandoffItem.Status.PENDING, deadline__gte=timezone.now())
-            .select_related("request__job__dataset", "request__requested_by", "job__dataset")
-            .order_by("deadline", "id"))
 
 
 def _inbox_groups(user, steps: list[ApprovalStep], extra: list[BackfillRequest] = ()) -> list[dict]:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.selectors import request_list
-from backfill_portal.backfills.views import handoffs_waiting_for, steps_waiting_for
+from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.web import keyset_page, query_without, render_page
 from backfill_portal.warehouse.models import Publication

@@ -1,17 +1,15 @@
 """Approvals inbox and hand-off items: thin views over the governance services."""
-from django.db.models import Q
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from backfill_portal.backfills.api.serializers import ApprovalStepSerializer, CommentSerializer
-from backfill_portal.backfills.choices import StepStatus
 from backfill_portal.backfills.models import ApprovalStep, HandoffItem
 from backfill_portal.backfills.services.handoff import handoff_accept, handoff_decline
+from backfill_portal.backfills.selectors import steps_waiting_for
 from backfill_portal.backfills.services.requests import approval_step_decide
 from backfill_portal.core.errors import NotFound
-from backfill_portal.core.roles import Role, has_role
 
 
 class ApprovalStepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -21,13 +19,9 @@ class ApprovalStepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     filterset_fields = ["status", "kind", "request"]
 
     def get_queryset(self):
-        qs = ApprovalStep.objects.select_related("request__job", "dataset", "job", "approver", "decided_by")
         if self.request.query_params.get("mine") == "1":
-            mine = Q(approver=self.request.user)
-            if has_role(self.request.user, Role.ADMIN):
-                mine |= Q(approver__isnull=True)
-            qs = qs.filter(mine, status=StepStatus.PENDING).exclude(request__requested_by=self.request.user)
-        return qs
+            return steps_waiting_for(self.request.user).select_related("approver", "decided_by")
+        return ApprovalStep.objects.select_related("request__job", "dataset", "job", "approver", "decided_by")
 
     @extend_schema(parameters=[OpenApiParameter("mine", str, description="1: only steps waiting for me")])
     def list(self, request, *args, **kwargs):
