@@ -53,6 +53,10 @@ assert len(intervals) == 90
 columns = ", ".join(f'"{c["name"]}"' for c in job.dataset.columns)
 db.execute(f'CREATE TABLE IF NOT EXISTS direct_dwd_order_items AS SELECT {columns}, '
            f"'' AS ds FROM dwd_order_items__versions WHERE 1 = 0")
+# Indexed by partition, as any table rewritten partition by partition is: without it
+# the loop's DELETE scans every earlier partition and the baseline looks slower than
+# the SQL it stands for.
+db.execute("CREATE INDEX IF NOT EXISTS direct_dwd_order_items_ds ON direct_dwd_order_items (ds)")
 
 
 class Interval:

@@ -7,18 +7,22 @@ from backfill_portal.catalog.models import Dataset
 from backfill_portal.warehouse.adapter import ColumnSpec, DatasetSpec, Warehouse
 from backfill_portal.warehouse.db import get_warehouse_db
 
-_ready: set[str] = set()
+_warehouses: dict[str, Warehouse] = {}
 _lock = threading.Lock()
 
 
 def get_warehouse(url: str | None = None) -> Warehouse:
+    """One adapter per warehouse per process: it remembers which tables it has
+    ensured, so a task does not look the schema up again on every call."""
     db = get_warehouse_db(url)
-    warehouse = Warehouse(db)
-    if db.url not in _ready:
+    warehouse = _warehouses.get(db.url)
+    if warehouse is None:
         with _lock:
-            if db.url not in _ready:
+            warehouse = _warehouses.get(db.url)
+            if warehouse is None:
+                warehouse = Warehouse(db)
                 warehouse.ensure_meta()
-                _ready.add(db.url)
+                _warehouses[db.url] = warehouse
     return warehouse
 
 
@@ -33,4 +37,4 @@ def spec_for(dataset: Dataset) -> DatasetSpec:
 
 def reset_warehouse_cache() -> None:
     """Tests point WAREHOUSE_URL at a fresh database."""
-    _ready.clear()
+    _warehouses.clear()

@@ -695,6 +695,75 @@ def test_profile_of_a_dataset_without_a_core_measure_has_no_sum(wh):
     assert (profile.row_count, profile.distinct_keys, profile.measure_sum) == (2, 2, None)
 
 
+def test_the_marker_holds_the_numbers_taken_with_the_rows(wh):
+    """Invariant 4's marker is also the version's attestation: verification and
+    reconciliation read its numbers instead of scanning the version again."""
+    rows = order_rows(30)
+    marker = stage(wh, "run-1", rows + [rows[0], (None,) + rows[1][1:]])
+
+    assert (marker.row_count, marker.null_keys, marker.distinct_keys) == (32, 1, 30)
+    assert marker.measure_sum == pytest.approx(float(sum(r[3] for r in rows) + rows[0][3] + rows[1][3]))
+    assert marker.numbers_of == "order_id,line_no|amount"
+    # Rows changed behind the adapter's back (nothing in the portal does) do not
+    # change what the committed version attests.
+    wh.db.execute('DELETE FROM "orders__versions" WHERE "_run_id" = ?', ("run-1",))
+    profile = wh.profile(spec=ORDERS, run_id="run-1")
+    assert (profile.row_count, profile.null_keys, profile.distinct_keys, profile.duplicate_keys) == (32, 1, 30, 1)
+
+
+def test_numbers_are_counted_again_when_the_marker_lacks_them_or_the_key_changed(wh):
+    rows = order_rows(20)
+    stage(wh, "run-old", rows + [rows[0]])
+    stage(wh, "run-new", rows)
+    # A marker from before markers kept numbers.
+    wh.db.execute('UPDATE "_bf_markers" SET "null_keys" = NULL, "distinct_keys" = NULL, "measure_sum" = NULL, '
+                  '"numbers_of" = NULL WHERE "run_id" = ?', ("run-old",))
+    old = wh.profile(spec=ORDERS, run_id="run-old")
+    assert (old.row_count, old.distinct_keys, old.duplicate_keys) == (21, 20, 1)
+    assert old.measure_sum == pytest.approx(float(sum(r[3] for r in rows) + rows[0][3]))
+
+    # The catalog now keys the dataset by order alone: 7 orders of up to 3 lines.
+    by_order = DatasetSpec(name="orders", columns=ORDERS.columns, business_key=("order_id",), core_measure="amount")
+    new = wh.profile(spec=by_order, run_id="run-new")
+    assert (new.row_count, new.distinct_keys, new.duplicate_keys) == (20, 7, 13)
+
+
+def test_an_older_marker_table_gains_the_number_columns(wdb):
+    ts = "timestamp with time zone" if wdb.dialect == "postgresql" else "TEXT"
+    wdb.execute(f"""CREATE TABLE "_bf_markers" ("run_id" TEXT PRIMARY KEY, "attempt_no" INTEGER NOT NULL,
+        "dataset" TEXT NOT NULL, "partition" TEXT NOT NULL, "row_count" INTEGER NOT NULL,
+        "fingerprint" TEXT NOT NULL, "committed_at" {ts} NOT NULL)""")
+    wh = Warehouse(wdb)
+
+    wh.ensure_meta()
+    marker = stage(wh, "run-1", order_rows(5))
+
+    assert wh.marker("run-1") == marker and marker.distinct_keys == 5
+    assert Warehouse(wdb).profile(spec=ORDERS, run_id="run-1").distinct_keys == 5
+
+
+def test_many_profiles_come_from_markers_and_agree_with_counting(wh):
+    from backfill_portal.warehouse.services.profiles import measure_many, profile_many
+
+    rows = order_rows(40)
+    stage(wh, "run-a", rows)
+    stage(wh, "run-b", rows + rows[:3] + [(None,) + rows[5][1:]])
+    stage(wh, "run-c", rows[:10])
+    wh.db.execute('UPDATE "_bf_markers" SET "distinct_keys" = NULL WHERE "run_id" = ?', ("run-c",))
+
+    numbers = profile_many(wh, spec=ORDERS, run_ids=["run-a", "run-b", "run-c", "run-none"])
+
+    assert set(numbers) == {"run-a", "run-b", "run-c"}
+    for run_id, got in numbers.items():
+        counted = wh._numbers(ORDERS, run_id)
+        assert (got.rows, got.null_keys, got.distinct_keys) == (
+            counted.row_count, counted.null_keys, counted.distinct_keys)
+        assert got.measure_sum == pytest.approx(counted.measure_sum)
+    assert numbers["run-b"].duplicate_keys == 3
+    assert measure_many(wh, spec=ORDERS, run_ids=["run-a", "run-c"]) == {
+        "run-a": numbers["run-a"].measure_sum, "run-c": numbers["run-c"].measure_sum}
+
+
 # -- schema ---------------------------------------------------------------------------------
 
 

@@ -1,8 +1,10 @@
 """The numbers of many versions at once.
 
-`Warehouse.profile` answers for one run; reconciling a 2,000-interval request that
-way would be 4,000 round trips and as many scans. These group by `_run_id` over all
-the runs asked for, a few hundred at a time, so the database does one pass per chunk.
+A committed version's numbers are in its marker, taken with its rows: reconciling a
+2,000-interval request reads markers, a few hundred per query, and scans no version.
+Versions whose marker lacks them (written before markers kept them, or counted for
+another key or measure than the catalog's now) are counted by grouping on `_run_id`
+over those runs, a chunk at a time, so the database does one pass per chunk.
 """
 from __future__ import annotations
 
@@ -63,12 +65,23 @@ def profile_statements(spec: DatasetSpec, count: int) -> list[str]:
     ]
 
 
+def _from_markers(warehouse: Warehouse, spec: DatasetSpec, ids: list[str]) -> tuple[dict[str, RunNumbers], list[str]]:
+    """The numbers the markers hold, and the ids they do not answer for."""
+    out: dict[str, RunNumbers] = {}
+    for chunk in _chunks(ids):
+        for run_id, marker in warehouse.markers(chunk).items():
+            if marker.has_numbers and marker.numbers_of == spec.numbers_of and marker.dataset == spec.name:
+                out[run_id] = RunNumbers(rows=marker.row_count, null_keys=marker.null_keys,
+                                         distinct_keys=marker.distinct_keys, measure_sum=marker.measure_sum)
+    return out, [r for r in ids if r not in out]
+
+
 def profile_many(warehouse: Warehouse, *, spec: DatasetSpec, run_ids: Iterable[str]) -> dict[str, RunNumbers]:
     """{run_id: RunNumbers} for the runs that have rows in `spec`'s versions table."""
     ids = sorted({r for r in run_ids if r})
     if not ids or not warehouse.db.table_exists(spec.versions_table):
         return {}
-    out: dict[str, RunNumbers] = {}
+    out, ids = _from_markers(warehouse, spec, ids)
     for chunk in _chunks(ids):
         statements = profile_statements(spec, len(chunk))
         main = warehouse.db.query(statements[0], chunk)
@@ -94,7 +107,8 @@ def measure_many(warehouse: Warehouse, *, spec: DatasetSpec, run_ids: Iterable[s
     ids = sorted({r for r in run_ids if r})
     if not ids or not spec.core_measure or not warehouse.db.table_exists(spec.versions_table):
         return {}
-    out: dict[str, float | None] = {}
+    numbers, ids = _from_markers(warehouse, spec, ids)
+    out: dict[str, float | None] = {run_id: n.measure_sum for run_id, n in numbers.items()}
     for chunk in _chunks(ids):
         for run_id, total in warehouse.db.query(measure_statement(spec, len(chunk)), chunk):
             out[run_id] = None if total is None else round(float(total), _MEASURE_DECIMALS)
