@@ -13,12 +13,13 @@ from typing import Any, Callable
 
 import jinja2
 from django.db import IntegrityError, transaction
+from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
 from backfill_portal.backfills.planning import previous_partition
 from backfill_portal.catalog.lineage import covered_partition_keys
 from backfill_portal.catalog.choices import JobKind
-from backfill_portal.catalog.models import Dataset
+from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.catalog.sqlcheck import TemplateError, check_template
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Delivery, Run
@@ -52,12 +53,19 @@ class PinnedInputs:
     previous: dict[str, str] = field(default_factory=dict)
 
 
+def upstreams_of(job: Job) -> list[Dataset]:
+    """The job's upstream datasets, fetched once per job object: a run renders its
+    template, its reconciliation query and every custom check against them."""
+    prefetch_related_objects([job], "upstreams")
+    return list(job.upstreams.all())
+
+
 def pin_inputs(run: Run, warehouse: Warehouse) -> PinnedInputs:
     """Pin each upstream's current published versions at run start, once per run."""
     job = run.job
     existing = list(Consumption.objects.filter(run=run).select_related("dataset", "version__run"))
     pins = PinnedInputs()
-    upstreams = list(job.upstreams.all())
+    upstreams = upstreams_of(job)
     needs_previous = job.depends_on_past
     if existing:
         for c in existing:
@@ -136,12 +144,11 @@ def render(template: str, *, run: Run, warehouse: Warehouse, pins: PinnedInputs,
     """Render a template against the pinned inputs. Re-checked with the parser here
     too: a template must not smuggle in now() through a parameter."""
     job = run.job
-    upstream_names = {d.name for d in job.upstreams.all()}
+    datasets = {d.name: d for d in upstreams_of(job)}
     try:
-        check_template(template, upstreams=upstream_names)
+        check_template(template, upstreams=set(datasets))
     except TemplateError as exc:
         raise ExecutionError(str(exc)) from None
-    datasets = {d.name: d for d in job.upstreams.all()}
 
     def ref(name: str) -> str:
         dataset = datasets.get(name)

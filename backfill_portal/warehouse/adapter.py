@@ -74,7 +74,8 @@ _PHYSICAL_TYPES = {
 }
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
-# `<name>__versions_part_run` must fit PostgreSQL's 63-byte identifier limit.
+# `<name>__versions_run` (and older warehouses' `_part_run`) must fit PostgreSQL's
+# 63-byte identifier limit.
 _MAX_DATASET_NAME = 40
 _MAX_COLUMN_NAME = 63
 _BOOKKEEPING_COLUMNS = ("_run_id", "_partition", "_attempt")
@@ -406,9 +407,11 @@ class Warehouse:
                             " changing a column's type needs a migration",
                             field="columns",
                         )
-            # Readers filter on the partition; verification, purge and fingerprints on the run.
-            for suffix, indexed in (("_part_run", '"_partition", "_run_id"'), ("_run", '"_run_id"')):
-                self.db.execute(f"CREATE INDEX IF NOT EXISTS {_quote(table + suffix)} ON {_quote(table)} ({indexed})")
+            # One index, on the run: a run writes one partition, so readers reach a
+            # partition's rows through the pointer's run id too. Every index costs the
+            # staging INSERT (measured on PostgreSQL: ~35 ms per 22k-row version each);
+            # a second one on (_partition, _run_id) served no query the first does not.
+            self.db.execute(f"CREATE INDEX IF NOT EXISTS {_quote(table + '_run')} ON {_quote(table)} (\"_run_id\")")
 
             data_columns = self._data_columns(table)
             if list(self._columns_of(spec.name)) != data_columns + ["_partition", "_run_id"]:

@@ -112,19 +112,26 @@ def _candidates(request: BackfillRequest, job: Job, limit: int) -> list[Interval
     return list(base.filter(status=I.PLANNED).order_by(order)[:limit])
 
 
+def _request_graph(request: BackfillRequest) -> tuple[list[tuple], dict[int, Job], dict[int, list[int]]]:
+    """The request's intervals as (pk, job_id, position, start, end, status) rows, its
+    jobs, and for each job the jobs of this request whose datasets it reads."""
+    rows = list(Interval.objects.filter(request=request).values_list("pk", "job_id", "position", "start", "end", "status"))
+    ids = {row[1] for row in rows}
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in=ids).select_related("dataset__team", "pool")
+            .prefetch_related("upstreams__job")}
+    producers = {pk: [up.job.pk for up in job.upstreams.all() if hasattr(up, "job") and up.job.pk in ids]
+                 for pk, job in jobs.items()}
+    return rows, jobs, producers
+
+
 def _cascade_candidates(request: BackfillRequest, budget: int) -> list[Interval]:
     """Intervals of a multi-job request that may start now: every interval of an
     upstream job of this request that it reads must be published by this request
     (version events, not green tasks). Layer order follows from that rule."""
-    rows = list(Interval.objects.filter(request=request).values_list("pk", "job_id", "position", "start", "end", "status"))
+    rows, jobs, producers = _request_graph(request)
     by_job: dict[int, list[tuple]] = {}
     for row in rows:
         by_job.setdefault(row[1], []).append(row)
-    jobs = {j.pk: j for j in Job.objects.filter(pk__in=by_job).select_related("dataset__team", "pool")
-            .prefetch_related("upstreams__job")}
-    producers = {}
-    for job in jobs.values():
-        producers[job.pk] = [up.job.pk for up in job.upstreams.all() if hasattr(up, "job") and up.job.pk in by_job]
     chosen: list[int] = []
     order = sorted(jobs.values(), key=lambda j: (j.pk != request.job_id, len(producers[j.pk]), j.name))
     for job in order:
@@ -229,17 +236,15 @@ def request_check_done(request: BackfillRequest, *, progressed: bool = False) ->
 def _all_planned_blocked(request: BackfillRequest) -> bool:
     """Whether every planned interval waits on a failed one it can never get past:
     an earlier interval of a depends_on_past job, or an upstream interval it reads."""
-    rows = list(Interval.objects.filter(request=request).values_list("job_id", "position", "start", "end", "status"))
-    jobs = {j.pk: j for j in Job.objects.filter(pk__in={r[0] for r in rows}).prefetch_related("upstreams__job")}
-    producers = {pk: [up.job.pk for up in j.upstreams.all() if hasattr(up, "job")] for pk, j in jobs.items()}
+    rows, jobs, producers = _request_graph(request)
     dead = (I.FAILED, I.CANCELLED)
-    for job_id, position, start, end, status in rows:
+    for _pk, job_id, position, start, end, status in rows:
         if status != I.PLANNED:
             continue
         blocked = jobs[job_id].depends_on_past and any(
-            r[0] == job_id and r[1] < position and r[4] in dead for r in rows)
+            r[1] == job_id and r[2] < position and r[5] in dead for r in rows)
         blocked = blocked or any(
-            r[0] in producers[job_id] and r[2] < end and r[3] > start and r[4] in dead for r in rows)
+            r[1] in producers[job_id] and r[3] < end and r[4] > start and r[5] in dead for r in rows)
         if not blocked:
             return False
     return True

@@ -32,8 +32,11 @@ logger = logging.getLogger(__name__)
 
 
 def run_get(run_id: str) -> Run | None:
-    return (Run.objects.select_related("job__dataset__team", "job__pool", "code_version", "request", "interval")
-            .filter(run_id=run_id).first())
+    # run_id is unique: no ORDER BY, and only the relations every task reads. Each
+    # join multiplies PostgreSQL's planning time (9 tables with an ORDER BY: ~8 ms a
+    # call, three calls an interval).
+    return next(iter(Run.objects.select_related("job__dataset", "code_version", "request", "interval")
+                     .filter(run_id=run_id)), None)
 
 
 class Heartbeat:
