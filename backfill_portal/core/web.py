@@ -37,8 +37,8 @@ def inbox_count(user) -> int | None:
     (a UNION ALL of the two id lists, counted by the database)."""
     if not getattr(user, "is_authenticated", False):
         return None
-    # Imported here: the backfills views import this module.
-    from backfill_portal.backfills.views import handoffs_waiting_for, steps_waiting_for
+    # Imported here: core is loaded before the apps that build on it.
+    from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
 
     steps = steps_waiting_for(user).order_by().values_list("pk")
     handoffs = handoffs_waiting_for(user).order_by().values_list("pk")

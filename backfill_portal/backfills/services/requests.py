@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -252,29 +253,50 @@ def request_overlaps(request: BackfillRequest) -> list[int]:
     )
 
 
-def _approval_steps(request: BackfillRequest) -> list[ApprovalStep]:
-    """One step for the target owner, one per authorised side-effect node, and an admin
-    step when the request is larger than the configured size."""
-    dataset = request.job.dataset
-    steps = [ApprovalStep(request=request, kind=StepKind.OWNER, dataset=dataset, job=request.job,
-                          approver=_approver_for(dataset.owner, request))]
-    rebuilt = [name for name, action in (request.node_actions or {}).items() if action == NodeAction.REBUILD]
-    for job in Job.objects.filter(name__in=rebuilt, kind__in=[JobKind.SQL, JobKind.PYTHON]).select_related(
-            "dataset__owner").order_by("name"):
-        steps.append(ApprovalStep(request=request, kind=StepKind.DOWNSTREAM, dataset=job.dataset, job=job,
-                                  approver=_approver_for(job.dataset.owner, request)))
-    for effect in request.side_effects.select_related("dataset__owner"):
-        steps.append(ApprovalStep(request=request, kind=StepKind.SIDE_EFFECT, dataset=effect.dataset, job=effect,
-                                  approver=_approver_for(effect.dataset.owner, request)))
-    if Interval.objects.filter(request=request).count() > settings.BACKFILL_ADMIN_APPROVAL_OVER:
-        steps.append(ApprovalStep(request=request, kind=StepKind.ADMIN, approver=None))
+@dataclass(frozen=True)
+class PlannedStep:
+    kind: str
+    job: Job | None  # None for the admin step
+    approver: object | None  # a User; None: any admin
+
+    @property
+    def dataset(self):
+        return self.job.dataset if self.job else None
+
+
+def approval_plan(*, requester_id, job: Job, rebuilt: Iterable[Job], side_effects: Iterable[Job],
+                  interval_count: int) -> list[PlannedStep]:
+    """The approval steps a request gets on submission, in order: the target dataset's
+    owner; the owner of each rebuilt downstream node (SQL and python jobs); the owner of
+    each authorised side-effect node; an admin when the request has more intervals than
+    BACKFILL_ADMIN_APPROVAL_OVER. Submission and the form's preview both use it.
+
+    Separation of duties: an owner filing a request on their own dataset cannot approve
+    it; that step goes to the admins (approver None) instead."""
+
+    def approver(owner):
+        return None if owner.pk == requester_id else owner
+
+    steps = [PlannedStep(StepKind.OWNER, job, approver(job.dataset.owner))]
+    for node in sorted((j for j in rebuilt if j.kind in (JobKind.SQL, JobKind.PYTHON)), key=lambda j: j.name):
+        steps.append(PlannedStep(StepKind.DOWNSTREAM, node, approver(node.dataset.owner)))
+    for effect in sorted(side_effects, key=lambda j: j.name):
+        steps.append(PlannedStep(StepKind.SIDE_EFFECT, effect, approver(effect.dataset.owner)))
+    if interval_count > settings.BACKFILL_ADMIN_APPROVAL_OVER:
+        steps.append(PlannedStep(StepKind.ADMIN, None, None))
     return steps
 
 
-def _approver_for(owner, request: BackfillRequest):
-    # Separation of duties: an owner filing a request on their own dataset cannot
-    # approve it; the step goes to the admins (approver empty) instead.
-    return None if owner.pk == request.requested_by_id else owner
+def _approval_steps(request: BackfillRequest) -> list[ApprovalStep]:
+    rebuilt = [name for name, action in (request.node_actions or {}).items() if action == NodeAction.REBUILD]
+    plan = approval_plan(
+        requester_id=request.requested_by_id, job=request.job,
+        rebuilt=Job.objects.filter(name__in=rebuilt).select_related("dataset__owner"),
+        side_effects=request.side_effects.select_related("dataset__owner"),
+        interval_count=Interval.objects.filter(request=request).count(),
+    )
+    return [ApprovalStep(request=request, kind=step.kind, dataset=step.dataset, job=step.job, approver=step.approver)
+            for step in plan]
 
 
 def backfill_request_submit(*, actor, request_id, confirm_overlap: bool = False) -> BackfillRequest:

@@ -1,0 +1,510 @@
+"""Backfill request pages: list, new (with an htmx preview), detail with its live
+partial, and the POST actions. Views parse, call one service, and render; the
+services decide."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count, IntegerField, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce, Substr
+from django.http import HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+from django_htmx.http import HttpResponseStopPolling
+
+from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus
+from backfill_portal.backfills.forms import (
+    DecisionForm,
+    ReasonForm,
+    RequestForm,
+    RequestRollbackForm,
+    SubmitForm,
+    partition_format,
+)
+from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
+from backfill_portal.backfills.planning import dst_notes, plan_intervals
+from backfill_portal.backfills.selectors import request_list as request_list_qs
+from backfill_portal.backfills.selectors import request_progress
+from backfill_portal.backfills.services.requests import (
+    NodeAction,
+    approval_plan,
+    backfill_request_cancel,
+    backfill_request_create,
+    backfill_request_decide,
+    backfill_request_submit,
+    plan_cascade,
+)
+from backfill_portal.backfills.transitions import REQUEST_ACTIVE, REQUEST_EDGES, REQUEST_TERMINAL
+from backfill_portal.catalog.choices import JobKind
+from backfill_portal.catalog.models import Job
+from backfill_portal.core.errors import ApplicationError, ConflictError, NotFound, ValidationError
+from backfill_portal.core.roles import Role, has_role
+from backfill_portal.core.web import (
+    application_errors,
+    flash_error,
+    keyset_page,
+    query_without,
+    redirect_after_post,
+    render_page,
+)
+from backfill_portal.execution.models import Attempt, Run
+from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
+from backfill_portal.warehouse.services.rollback import (
+    ROLLBACKABLE_REQUEST_STATES,
+    request_rollback,
+    rollback_rebuild,
+)
+
+# Polling stops once nothing will change without a person acting. `failed` is not
+# terminal for the lifecycle (it can be retried), but a retry reloads the page.
+LIVE_FINAL = REQUEST_TERMINAL | {RequestStatus.FAILED}
+GRID_MAX_CELLS = 2000
+RUNS_SHOWN = 25
+RECON_SHOWN_STATES = (RequestStatus.RECONCILING, RequestStatus.COMPLETED, RequestStatus.ROLLED_BACK)
+PROGRESS_SEGMENTS = ("published", "running", "queued", "failed", "skipped", "cancelled")
+
+
+
+# --- Read helpers (selector-like) -------------------------------------------------------
+
+
+def request_or_404(pk) -> BackfillRequest:
+    req = (BackfillRequest.objects.select_related("job__dataset__owner", "requested_by", "code_version")
+           .filter(pk=pk).first())
+    if req is None:
+        raise NotFound(f"backfill request {pk} does not exist")
+    return req
+
+
+def _overlapping_active(job: Job, start, end, *, exclude_pk=None, limit: int = 20) -> list[BackfillRequest]:
+    """Active requests on the job whose UTC span overlaps [start, end) (plans are contiguous)."""
+    qs = (BackfillRequest.objects.select_related("requested_by")
+          .filter(job=job, status__in=REQUEST_ACTIVE, range_start__lt=end, range_end__gt=start).order_by("pk"))
+    if exclude_pk is not None:
+        qs = qs.exclude(pk=exclude_pk)
+    return list(qs[:limit])
+
+
+def _grid(req: BackfillRequest, total: int) -> dict:
+    """One square per interval from one values query; above GRID_MAX_CELLS, one cell per
+    local day (hourly), month (daily) or year (monthly) from one GROUP BY query.
+    `total` counts cascaded downstream intervals too (interval_count is the target's)."""
+    base = Interval.objects.filter(request=req)
+    if total <= GRID_MAX_CELLS:
+        if req.node_actions:  # several jobs: say which one each square is
+            rows = base.order_by("job_id", "position").values_list("job__name", "partition_key", "status")
+            cells = [(f"{name} {key}", status) for name, key, status in rows]
+        else:
+            cells = list(base.order_by("job_id", "position").values_list("partition_key", "status"))
+        return {"mode": "cells", "cells": cells}
+    grain = req.job.dataset.grain
+    width, unit = {"hour": (10, "local day"), "day": (7, "month"), "month": (4, "year")}.get(grain, (10, "day"))
+    rows = (base.annotate(bucket=Substr("partition_key", 1, width)).values("bucket")
+            .annotate(total=Count("id"), **{s: Count("id", filter=Q(status=s)) for s in IntervalStatus.values})
+            .order_by("bucket"))
+    buckets = []
+    for row in rows:
+        counts = [(s, row[s]) for s in IntervalStatus.values if row[s]]
+        buckets.append({"label": row["bucket"], "total": row["total"], "state": _bucket_state(row),
+                        "summary": ", ".join(f"{n} {s}" for s, n in counts)})
+    return {"mode": "buckets", "buckets": buckets, "unit": unit}
+
+
+def _bucket_state(row: dict) -> str:
+    """The state that most needs attention colours the bucket."""
+    for state in ("failed", "running", "queued"):
+        if row[state]:
+            return state
+    if row["published"] == row["total"]:
+        return "published"
+    if row["planned"]:
+        return "partial" if row["published"] else "planned"
+    for state in ("cancelled", "skipped"):
+        if row[state]:
+            return state
+    return "planned"
+
+
+def _progress(req: BackfillRequest) -> dict:
+    counts = request_progress(req)  # one aggregate query
+    total = counts.get("total") or 0
+    segments = []
+    for name in PROGRESS_SEGMENTS:
+        n = counts.get(name) or 0
+        segments.append({"name": name, "count": n, "pct": round(100 * n / total, 3) if total else 0})
+    return {"total": total, "planned": counts.get("planned") or 0, "segments": segments, "counts": counts,
+            "done": (counts.get("published") or 0) + (counts.get("skipped") or 0)}
+
+
+def _fingerprint(req: BackfillRequest, progress: dict) -> str:
+    counts = progress["counts"]
+    return ".".join([req.status, "p" if req.paused else "a", *(str(counts.get(s) or 0) for s in IntervalStatus.values)])
+
+
+def _live_context(req: BackfillRequest, *, page_status: str, with_grid: bool = True) -> dict:
+    progress = _progress(req)
+    return {
+        "req": req, "progress": progress, "grid": _grid(req, progress["total"]) if with_grid else None,
+        "polling": req.status not in LIVE_FINAL, "page_status": page_status,
+        "status_changed": page_status != req.status, "fingerprint": _fingerprint(req, progress),
+    }
+
+
+def _steps(req: BackfillRequest) -> list[ApprovalStep]:
+    return list(ApprovalStep.objects.filter(request=req).select_related("dataset", "job", "approver", "decided_by"))
+
+
+def _latest_runs(req: BackfillRequest) -> list[Run]:
+    # A correlated count per shown run (not a GROUP BY over every run of the request),
+    # ordered along the (request, created_at, id) index so an old request's page does
+    # not scan the whole runs table backwards.
+    attempts = (Attempt.objects.filter(run=OuterRef("pk")).order_by().values("run")
+                .annotate(n=Count("pk")).values("n"))
+    return list(Run.objects.filter(request=req).select_related("job")
+                .annotate(n_attempts=Coalesce(Subquery(attempts, output_field=IntegerField()), 0))
+                .order_by("-created_at", "-id")[:RUNS_SHOWN])
+
+
+# --- Which actions to offer (the services still refuse forged POSTs) ---------------------
+
+
+def _actions(user, req: BackfillRequest, steps: list[ApprovalStep], progress: dict) -> set[str]:
+    is_admin = has_role(user, Role.ADMIN)
+    is_requester = req.requested_by_id == user.pk
+    operator = is_requester or has_role(user, Role.ONCALL, Role.ADMIN)
+    actions: set[str] = set()
+    if req.status == RequestStatus.DRAFT and (is_requester or is_admin):
+        actions.add("submit")
+    if req.status == RequestStatus.PENDING_APPROVAL and not is_requester and any(
+        s.status == StepStatus.PENDING and (s.approver_id == user.pk or (s.approver_id is None and is_admin))
+        for s in steps
+    ):
+        actions.add("decide")
+    if operator and RequestStatus.CANCELLED in REQUEST_EDGES.get(req.status, ()):
+        actions.add("cancel")
+    if operator and req.status == RequestStatus.RUNNING:
+        actions.add("resume" if req.paused else "pause")
+    if operator and req.status in (RequestStatus.RUNNING, RequestStatus.FAILED) and progress["counts"].get("failed"):
+        actions.add("retry")
+    if req.status in ROLLBACKABLE_REQUEST_STATES and (
+            has_role(user, Role.ONCALL, Role.ADMIN) or req.job.dataset.owner_id == user.pk):
+        actions.add("rollback")
+    return actions
+
+
+# --- Pages ------------------------------------------------------------------------------
+
+
+@login_required
+def request_list(request):
+    status = request.GET.get("status", "")
+    job = request.GET.get("job", "")
+    mine = request.GET.get("mine") == "1"
+    qs = request_list_qs(user=request.user, mine=mine)
+    if status in RequestStatus.values:
+        qs = qs.filter(status=status)
+    if job:
+        qs = qs.filter(job__name=job)
+    page = keyset_page(qs, request.GET.get("before"))
+    return render_page(request, "backfills/request_list.html", {
+        "page": page, "status": status, "job": job, "mine": mine,
+        "statuses": RequestStatus.values,
+        "jobs": list(Job.objects.filter(dataset__is_source=False).order_by("name").values_list("name", flat=True)),
+        "keep_query": query_without(request, "before"),
+    })
+
+
+def _put_errors_on_form(form: RequestForm, exc: ApplicationError) -> None:
+    if not exc.fields:
+        form.add_error(None, exc.message)
+        return
+    for field, field_messages in exc.fields.items():
+        target = field if field in form.fields and field != "idempotency_key" else None
+        for text in field_messages:
+            form.add_error(target, text)
+
+
+@login_required
+@application_errors
+@require_http_methods(["GET", "POST"])
+def request_new(request):
+    """1. Validate the shape with the form. 2. Create the draft through the service
+    (its field errors land on the form's fields). 3. Optionally submit it; an overlap
+    asks for confirmation, the draft already saved is reused via the idempotency key."""
+    if request.method == "GET":
+        form = RequestForm(initial={"job": request.GET.get("job", "")})
+        return _render_new(request, form)
+
+    form = RequestForm(request.POST)
+    if not form.is_valid():
+        return _render_new(request, form)
+    wants_submit = request.POST.get("action") == "submit"
+    try:
+        obj, created = backfill_request_create(actor=request.user, **form.service_kwargs())
+    except ValidationError as exc:
+        _put_errors_on_form(form, exc)
+        return _render_new(request, form)
+    except ConflictError as exc:
+        if "idempotency_key" not in exc.fields:
+            raise
+        # This form already created a draft with other values (edited after a warning):
+        # give the form a fresh key so the next press files a new request.
+        earlier = BackfillRequest.objects.filter(requested_by=request.user,
+                                                 idempotency_key=form.cleaned_data["idempotency_key"]).first()
+        data = request.POST.copy()
+        data["idempotency_key"] = uuid.uuid4().hex
+        form = RequestForm(data)
+        form.is_valid()
+        form.add_error(None, f"Your earlier attempt saved draft #{earlier.pk if earlier else '?'} with different "
+                             "values. Press again to file a new request, or open and cancel that draft.")
+        return _render_new(request, form)
+
+    detail = reverse("request-detail", args=[obj.pk])
+    if not wants_submit:
+        messages.success(request, f"Draft #{obj.pk} saved with {obj.interval_count} intervals."
+                         if created else f"Draft #{obj.pk} was already saved.")
+        return redirect_after_post(request, detail)
+    if not created and obj.status != RequestStatus.DRAFT:
+        # A second press of "Create and submit" (double click, back button): already done.
+        messages.info(request, f"Request #{obj.pk} was already submitted; it is {obj.status}.")
+        return redirect_after_post(request, detail)
+    try:
+        backfill_request_submit(actor=request.user, request_id=obj.pk,
+                                confirm_overlap=form.cleaned_data.get("confirm_overlap", False))
+    except ConflictError as exc:
+        if "confirm_overlap" not in exc.fields:
+            flash_error(request, exc)
+            return redirect_after_post(request, detail)
+        form.show_confirm_overlap = True
+        form.add_error("confirm_overlap", exc.message)
+        form.add_error(None, f"Draft #{obj.pk} is saved but not submitted: it overlaps an active request. "
+                             "Tick the confirmation and press “Create and submit” again, or change the range.")
+        return _render_new(request, form)
+    except ApplicationError as exc:
+        flash_error(request, exc)
+        return redirect_after_post(request, detail)
+    messages.success(request, f"Request #{obj.pk} submitted for approval ({obj.interval_count} intervals).")
+    return redirect_after_post(request, detail)
+
+
+def _render_new(request, form: RequestForm) -> HttpResponse:
+    if form.is_bound and "confirm_overlap" in form.data:
+        form.show_confirm_overlap = True
+    job = form.selected_job()
+    preview = None
+    if form.is_bound or job is not None:
+        preview = _preview_context(request.user, job=job, start=form.data.get("start", ""),
+                                   end=form.data.get("end", ""),
+                                   effects=form.data.getlist("side_effects") if form.is_bound else [],
+                                   cascade=form.data.get("cascade", Cascade.NONE))
+    return render_page(request, "backfills/request_new.html", {"form": form, "preview": preview})
+
+
+@login_required
+@require_POST
+def request_preview(request):
+    """The htmx preview of the plan: count, UTC bounds, DST notes, overlaps, approvals."""
+    name = request.POST.get("job", "")
+    job = (Job.objects.select_related("dataset__owner").filter(name=name, dataset__is_source=False).first()
+           if name else None)
+    ctx = _preview_context(request.user, job=job, start=request.POST.get("start", ""),
+                           end=request.POST.get("end", ""), effects=request.POST.getlist("side_effects"),
+                           cascade=request.POST.get("cascade", Cascade.NONE),
+                           unknown_job=name if name and job is None else "")
+    ctx["oob"] = True
+    return render(request, "backfills/partials/_request_preview.html", {"preview": ctx, "oob": True})
+
+
+@dataclass
+class StepPreview:
+    kind: str
+    subject: str
+    approver: str
+    note: str = ""
+
+
+def _preview_context(user, *, job: Job | None, start: str, end: str, effects: list[str],
+                     cascade: str = Cascade.NONE, unknown_job: str = "") -> dict:
+    ctx: dict = {"job": job, "errors": [], "start": (start or "").strip(), "end": (end or "").strip()}
+    if job is None:
+        ctx["errors"] = [f"Job {unknown_job!r} does not exist or is a source."] if unknown_job else []
+        ctx["hint"] = "Choose a job to preview the plan."
+        return ctx
+    ds = job.dataset
+    ctx["format"] = partition_format(ds.grain, ds.timezone)
+    if not ctx["start"] or not ctx["end"]:
+        ctx["hint"] = "Enter the first and last partition to preview the plan."
+        return ctx
+    try:
+        planned = plan_intervals(grain=ds.grain, timezone=ds.timezone, first=ctx["start"], last=ctx["end"],
+                                 limit=settings.BACKFILL_MAX_INTERVALS)
+    except ValidationError as exc:
+        ctx["errors"] = [m for ms in exc.fields.values() for m in ms] or [exc.message]
+        return ctx
+    downstream = []
+    if cascade in (Cascade.CASCADE, Cascade.HANDOFF):
+        try:
+            # plan_cascade only reads (the lineage graph and the catalog): the same
+            # downstream set the service will freeze at creation.
+            downstream = plan_cascade(job=job, cascade=cascade, start=planned[0].start, end=planned[-1].end,
+                                      authorised=set(effects), overrides={})
+        except ValidationError as exc:
+            ctx["errors"] = [m for ms in exc.fields.values() for m in ms] or [exc.message]
+            return ctx
+    total = len(planned) + sum(len(n.partitions) for n in downstream if n.action != NodeAction.HANDOFF)
+    if total > settings.BACKFILL_MAX_INTERVALS:
+        ctx["errors"] = [f"with its cascade this range has {total} intervals; "
+                         f"the limit is {settings.BACKFILL_MAX_INTERVALS}"]
+        return ctx
+    notes = dst_notes(planned)
+    ctx.update({
+        "count": len(planned), "first": planned[0], "last": planned[-1], "total": total,
+        "utc_start": planned[0].start, "utc_end": planned[-1].end,
+        "notes": notes[:24], "more_notes": max(0, len(notes) - 24),
+        "overlaps": _overlapping_active(job, planned[0].start, planned[-1].end),
+        "downstream": [{"job": n.job.name, "layer": n.layer, "action": n.action, "intervals": len(n.partitions)}
+                       for n in downstream],
+        "steps": _step_previews(user, job, effects, total, downstream),
+    })
+    return ctx
+
+
+def _step_previews(user, job: Job, effects: list[str], count: int, downstream: list) -> list[StepPreview]:
+    """What submission will create: the same approval_plan, described."""
+    chosen = (Job.objects.select_related("dataset__owner").filter(name__in=effects, kind=JobKind.SIDE_EFFECT)
+              if effects else [])
+    plan = approval_plan(requester_id=user.pk, job=job, side_effects=chosen, interval_count=count,
+                         rebuilt=[n.job for n in downstream if n.action == NodeAction.REBUILD])
+    steps = []
+    for step in plan:
+        if step.kind == StepKind.ADMIN:
+            steps.append(StepPreview(StepKind.ADMIN.label, f"{count} intervals", "any admin",
+                                     f"more than {settings.BACKFILL_ADMIN_APPROVAL_OVER} intervals"))
+            continue
+        subject = step.job.name if step.kind == StepKind.SIDE_EFFECT else step.dataset.name
+        if step.approver is None:
+            who, note = "any admin", "you own this dataset, and nobody approves their own request"
+        else:
+            who, note = step.approver.username, ""
+        steps.append(StepPreview(StepKind(step.kind).label, subject, who, note))
+    return steps
+
+
+@login_required
+@application_errors
+def request_detail(request, pk: int, *, status: int = 200, show_confirm_overlap: bool = False):
+    req = request_or_404(pk)
+    live = _live_context(req, page_status=req.status)
+    steps = _steps(req)
+    return render_page(request, "backfills/request_detail.html", {
+        **live,
+        "steps": steps,
+        "runs": _latest_runs(req),
+        "runs_shown": RUNS_SHOWN,
+        "side_effects": list(req.side_effects.order_by("name").values_list("name", flat=True)),
+        "actions": _actions(request.user, req, steps, live["progress"]),
+        "decision_form": DecisionForm(), "cancel_form": ReasonForm(), "rollback_form": RequestRollbackForm(),
+        "show_confirm_overlap": show_confirm_overlap,
+        "show_reconciliation": req.status in RECON_SHOWN_STATES,
+    }, status=status)
+
+
+@login_required
+@application_errors
+def request_live(request, pk: int):
+    """The polled fragment. 204 when nothing changed since the client's copy (no swap,
+    no grid query); 286 once the request is final, which stops htmx polling."""
+    req = request_or_404(pk)
+    page_status = request.GET.get("since") or req.status
+    if page_status not in RequestStatus.values:
+        page_status = req.status
+    ctx = _live_context(req, page_status=page_status, with_grid=False)
+    if ctx["polling"] and request.GET.get("v") == ctx["fingerprint"]:
+        return HttpResponse(status=204)
+    ctx["grid"] = _grid(req, ctx["progress"]["total"])
+    html = render(request, "backfills/partials/_request_live.html", ctx).content
+    if not ctx["polling"]:
+        return HttpResponseStopPolling(html)
+    return HttpResponse(html)
+
+
+# --- Actions ---------------------------------------------------------------------------
+
+
+def _run_action(verb: str, request, pk: int) -> str:
+    user = request.user
+    if verb == "submit":
+        form = SubmitForm(request.POST)
+        form.is_valid()
+        backfill_request_submit(actor=user, request_id=pk,
+                                confirm_overlap=form.cleaned_data.get("confirm_overlap", False))
+        return f"Request #{pk} submitted for approval."
+    if verb in ("approve", "reject"):
+        form = DecisionForm(request.POST)
+        form.is_valid()
+        req = backfill_request_decide(actor=user, request_id=pk, approve=verb == "approve",
+                                      comment=form.cleaned_data.get("comment", ""))
+        return f"You {'approved' if verb == 'approve' else 'rejected'} request #{pk}; it is now {req.status}."
+    if verb == "cancel":
+        form = ReasonForm(request.POST)
+        form.is_valid()
+        backfill_request_cancel(actor=user, request_id=pk, reason=form.cleaned_data.get("reason", ""))
+        return f"Request #{pk} cancelled."
+    if verb == "pause":
+        request_pause(actor=user, request_id=pk)
+        return f"Request #{pk} paused: running work finishes, nothing new is dispatched."
+    if verb == "resume":
+        request_resume(actor=user, request_id=pk)
+        return f"Request #{pk} resumed."
+    if verb == "retry":
+        request_retry_failed(actor=user, request_id=pk)
+        return f"Failed intervals of request #{pk} queued again."
+    if verb == "rollback":
+        form = RequestRollbackForm(request.POST)
+        form.is_valid()
+        result = request_rollback(actor=user, request_id=pk, reason=form.cleaned_data.get("reason", ""))
+        text = (f"Request #{pk} rolled back: {len(result['partitions'])} partition(s) show their previous verified "
+                f"version again; {len(result['consumers'])} consumer run(s) had read the rolled-back versions.")
+        if form.cleaned_data.get("rebuild") and result["consumers"]:
+            try:
+                filed = rollback_rebuild(actor=user, request_id=pk)
+            except ApplicationError as exc:
+                text += f" The rebuild was not filed: {exc.message}"
+            else:
+                text += " Filed to rebuild them: " + ", ".join(f"#{r.pk} ({r.job.name})" for r in filed) + "."
+        return text
+    raise NotFound(f"unknown action {verb!r}")
+
+
+def _action_view(verb: str):
+    @login_required
+    @application_errors
+    @require_POST
+    def view(request, pk: int):
+        request_or_404(pk)  # a missing request is a 404 page, not a message on a page that cannot render
+        try:
+            text = _run_action(verb, request, pk)
+        except ApplicationError as exc:
+            status = flash_error(request, exc)
+            return request_detail(request, pk, status=status,
+                                  show_confirm_overlap=verb == "submit" and "confirm_overlap" in exc.fields)
+        messages.success(request, text)
+        return redirect_after_post(request, reverse("request-detail", args=[pk]))
+
+    view.__name__ = f"request_{verb}"
+    return view
+
+
+request_submit = _action_view("submit")
+request_approve = _action_view("approve")
+request_reject = _action_view("reject")
+request_cancel = _action_view("cancel")
+request_pause_view = _action_view("pause")
+request_resume_view = _action_view("resume")
+request_retry_view = _action_view("retry")
+request_rollback_view = _action_view("rollback")
