@@ -1,8 +1,11 @@
 """Reconciliation of a 2,000-interval request of dwd_order_items with 1M rows in the
 warehouse, through the real service (`reconciliation_compute`: manifest, four numbers,
 baselines, watermarks, downstream values, the rows written and the audit row), versus
-the bare aggregate queries it needs (the grouped profile of every before and after
-version, the downstream pointers and sums), run directly, in one run.
+the bare aggregate queries that compute the same numbers from the rows (the grouped
+profile of every before and after version, the downstream pointers and sums), run
+directly, in one run. The portal itself no longer scans the rows here: each version's
+commit marker holds its numbers, taken when it was staged (that cost is in
+backfill_overhead.py); the time of reading them is printed too.
 
 The data is built fast rather than by 2,000 real runs: rows inserted straight into the
 versions table with their commit markers, pointers and publication history, and the
@@ -95,14 +98,19 @@ with db.transaction():
                 rows.append((f"o{run.partition_key}-{i // 2}", f"i{i % 2}", f"c{i % 97}", CATEGORIES[i % 8], amount,
                              "paid", now_ts, now_ts, run.run_id, run.partition_key, 1))
             db.bulk_insert('"dwd_order_items__versions"', columns, rows)
-            markers.append((run.run_id, 1, dwd.name, run.partition_key, ROWS_PER_VERSION, "f" * 32, now_ts))
+            # The marker as staging writes it: with the version's numbers.
+            markers.append((run.run_id, 1, dwd.name, run.partition_key, ROWS_PER_VERSION, "f" * 32, now_ts,
+                            0, ROWS_PER_VERSION, round(total, 6), spec.numbers_of))
             sums[run.run_id] = total
     for run in down_runs:
         rows = [(run.partition_key, c, 1, 2, round(rng.uniform(100, 9000), 2), run.run_id, run.partition_key, 1)
                 for c in CATEGORIES]
         db.bulk_insert('"dws_sales_daily__versions"', down_columns, rows)
-        markers.append((run.run_id, 1, dws.name, run.partition_key, len(CATEGORIES), "f" * 32, now_ts))
-    db.executemany('INSERT INTO "_bf_markers" VALUES (?, ?, ?, ?, ?, ?, ?)', markers)
+        markers.append((run.run_id, 1, dws.name, run.partition_key, len(CATEGORIES), "f" * 32, now_ts,
+                        0, len(CATEGORIES), round(sum(r[4] for r in rows), 6), down_spec.numbers_of))
+    db.executemany('INSERT INTO "_bf_markers" ("run_id", "attempt_no", "dataset", "partition", "row_count", '
+                   '"fingerprint", "committed_at", "null_keys", "distinct_keys", "measure_sum", "numbers_of") '
+                   'VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', markers)
     db.executemany('INSERT INTO "_bf_current" VALUES (?, ?, ?, ?)',
                    [(dwd.name, r.partition_key, r.run_id, now_ts) for r in after_runs]
                    + [(dws.name, r.partition_key, r.run_id, now_ts) for r in down_runs])
@@ -150,7 +158,10 @@ partitions = [iv.partition_key for iv in intervals]
 
 
 def bare() -> float:
-    """The warehouse work reconciliation cannot avoid, issued directly."""
+    """The four numbers' warehouse work done without the portal, issued directly: the
+    grouped profile of every before and after version, the downstream pointers and
+    sums. (The portal reads the numbers from the commit markers instead, taken when
+    each version was staged; `markers_only` below times that read.)"""
     t = time.perf_counter()
     for i in range(0, len(run_ids), 500):
         chunk = run_ids[i:i + 500]
@@ -161,6 +172,16 @@ def bare() -> float:
     for i in range(0, len(down_ids), 500):
         chunk = down_ids[i:i + 500]
         db.query(measure_statement(down_spec, len(chunk)), chunk)
+    return time.perf_counter() - t
+
+
+def markers_only() -> float:
+    t = time.perf_counter()
+    for ids in (run_ids, down_ids):
+        for i in range(0, len(ids), 500):
+            warehouse.markers(ids[i:i + 500])
+    for i in range(0, len(partitions), 500):
+        warehouse.current_many(dws.name, partitions[i:i + 500])
     return time.perf_counter() - t
 
 
@@ -184,6 +205,8 @@ for _ in range(ROUNDS):
     bare_times.append(bare())
     portal_times.append(portal())
 b, p = statistics.median(bare_times), statistics.median(portal_times)
+m = statistics.median(markers_only() for _ in range(ROUNDS))
+print(f"the same numbers read from the commit markers (what the portal's warehouse reads are): {m:.3f}s")
 print(f"bare aggregate queries: {b:.2f}s; reconciliation_compute: {p:.2f}s "
       f"({(p - b) / INTERVALS * 1000:.2f} ms per interval on top; {ROUNDS} rounds, medians; "
       f"{recomputed} intervals recomputed)")

@@ -15,6 +15,20 @@ def request_list(*, user=None, mine: bool = False) -> QuerySet[BackfillRequest]:
     return qs
 
 
+# What a row of the request tables shows (backfills/partials/_request_rows.html).
+_ROW_FIELDS = ("id", "job__name", "first_partition", "last_partition", "interval_count", "status", "paused",
+               "requested_by__username", "requested_at")
+
+
+def request_rows(*, user=None, mine: bool = False) -> QuerySet[BackfillRequest]:
+    """request_list for the pages' tables: only the columns a row shows, so the
+    request's, the job's and the dataset's JSON columns are neither read nor decoded."""
+    qs = BackfillRequest.objects.select_related("job", "requested_by").only(*_ROW_FIELDS)
+    if mine and user is not None:
+        qs = qs.filter(requested_by=user)
+    return qs
+
+
 def request_progress(request: BackfillRequest) -> dict[str, int]:
     """Interval counts by status, from one aggregate query."""
     agg = Interval.objects.filter(request=request).aggregate(

@@ -10,7 +10,7 @@ from django.http import StreamingHttpResponse
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus
-from backfill_portal.backfills.selectors import request_list
+from backfill_portal.backfills.selectors import request_rows
 from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.web import keyset_page, query_without, render_page
@@ -26,9 +26,9 @@ HOME_ROLLBACKS = 10
 def home(request):
     user = request.user
     return render_page(request, "core/home.html", {
-        "my_requests": list(request_list(user=user, mine=True).order_by("-id")[:HOME_ROWS]),
+        "my_requests": list(request_rows(user=user, mine=True).order_by("-id")[:HOME_ROWS]),
         "waiting": list(steps_waiting_for(user)[:HOME_WAITING_ROWS]),
-        "running": list(request_list().filter(status=RequestStatus.RUNNING).order_by("-id")[:HOME_RUNNING_ROWS]),
+        "running": list(request_rows().filter(status=RequestStatus.RUNNING).order_by("-id")[:HOME_RUNNING_ROWS]),
         "handoffs": list(handoffs_waiting_for(user)[:HOME_WAITING_ROWS]),
         "rollbacks": list(Publication.objects.filter(action=Publication.Action.ROLLBACK)
                           .select_related("dataset", "version__run", "previous_version__run", "actor")

@@ -28,7 +28,7 @@ from backfill_portal.backfills.forms import (
 )
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
 from backfill_portal.backfills.planning import dst_notes, plan_intervals
-from backfill_portal.backfills.selectors import request_list as request_list_qs
+from backfill_portal.backfills.selectors import request_rows
 from backfill_portal.backfills.selectors import request_progress
 from backfill_portal.backfills.services.requests import (
     NodeAction,
@@ -205,7 +205,7 @@ def request_list(request):
     status = request.GET.get("status", "")
     job = request.GET.get("job", "")
     mine = request.GET.get("mine") == "1"
-    qs = request_list_qs(user=request.user, mine=mine)
+    qs = request_rows(user=request.user, mine=mine)
     if status in RequestStatus.values:
         qs = qs.filter(status=status)
     if job:
