@@ -105,6 +105,54 @@ for _ in range(rounds):
 d, p = statistics.median(direct_times), statistics.median(portal_times)
 per_sql = d / 90 * 1000
 overhead = (p - d) / 90 * 1000
+
+
+def breakdown() -> str:
+    """One more portal backfill, outside the timed rounds, with its SQL timed: where
+    the per-interval time goes (warehouse statements, metadata queries, the rest)."""
+    from django.db import connection
+
+    from backfill_portal.warehouse.db import WarehouseDB
+
+    spent = {"staging": 0.0, "warehouse": 0.0, "metadata": 0.0, "queries": 0}
+    originals = {name: getattr(WarehouseDB, name) for name in ("execute", "query", "stream")}
+
+    def timed(name):
+        def call(self, statement, *args, **kwargs):
+            t = time.perf_counter()
+            try:
+                result = originals[name](self, statement, *args, **kwargs)
+                return list(result) if name == "stream" else result
+            finally:
+                key = "staging" if statement.lstrip().startswith("INSERT INTO") and "__versions" in statement[:80] \
+                    else "warehouse"
+                spent[key] += time.perf_counter() - t
+        return call
+
+    def metadata(execute, sql, params, many, context):
+        t = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            spent["metadata"] += time.perf_counter() - t
+            spent["queries"] += 1
+
+    for name in originals:
+        setattr(WarehouseDB, name, timed(name))
+    try:
+        with connection.execute_wrapper(metadata):
+            total = portal()
+    finally:
+        for name, original in originals.items():
+            setattr(WarehouseDB, name, original)
+    ms = {k: v / 90 * 1000 for k, v in spent.items() if k != "queries"}
+    rest = total / 90 * 1000 - sum(ms.values())
+    return (f"portal per interval: staging INSERT {ms['staging']:.0f} ms; other warehouse SQL (marker numbers and "
+            f"fingerprint, source watermark, checks, pointer) {ms['warehouse']:.0f} ms; metadata SQL "
+            f"{ms['metadata']:.0f} ms ({spent['queries'] / 90:.0f} queries); Python and the rest {rest:.0f} ms")
+
+
+print(breakdown())
 print(f"direct SQL loop: {d:.2f}s ({per_sql:.0f} ms per interval); portal: {p:.2f}s; "
       f"overhead {overhead:.1f} ms per interval ({rounds} rounds, medians)")
 print(f"ratio: {p / d:.2f} (portal backfill / direct SQL loop, 90 daily intervals of dwd_order_items)")

@@ -248,3 +248,12 @@ def test_more_than_2000_intervals_show_one_cell_per_local_day(web, make_request)
     assert "One cell per local day" in html
     assert html.count('<li class="cell s-') == 123  # Oct 31 + Nov 30 + Dec 31 + Jan 31 local days
     assert 'title="2022-11-06: 25 intervals, 25 planned"' in html
+
+
+def test_grid_cells_built_in_python_escape_what_they_show():
+    from backfill_portal.backfills.views.requests import _cells_html
+
+    html = _cells_html([("published", 'job<x> "2022-10-01" & more'), ('a"b', "t")])
+
+    assert html == ('<li class="cell s-published" title="job&lt;x&gt; &quot;2022-10-01&quot; &amp; more"></li>'
+                    '<li class="cell s-a&quot;b" title="t"></li>')

@@ -14,6 +14,8 @@ from django.db.models.functions import Coalesce, Substr
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
@@ -101,7 +103,8 @@ def _grid(req: BackfillRequest, total: int) -> dict:
             cells = [(f"{name} {key}", status) for name, key, status in rows]
         else:
             cells = list(base.order_by("job_id", "position").values_list("partition_key", "status"))
-        return {"mode": "cells", "cells": cells}
+        return {"mode": "cells", "count": len(cells), "html": _cells_html(
+            (status, f"{key}: {status}") for key, status in cells)}
     grain = req.job.dataset.grain
     width, unit = {"hour": (10, "local day"), "day": (7, "month"), "month": (4, "year")}.get(grain, (10, "day"))
     rows = (base.annotate(bucket=Substr("partition_key", 1, width)).values("bucket")
@@ -109,10 +112,17 @@ def _grid(req: BackfillRequest, total: int) -> dict:
             .order_by("bucket"))
     buckets = []
     for row in rows:
-        counts = [(s, row[s]) for s in IntervalStatus.values if row[s]]
-        buckets.append({"label": row["bucket"], "total": row["total"], "state": _bucket_state(row),
-                        "summary": ", ".join(f"{n} {s}" for s, n in counts)})
-    return {"mode": "buckets", "buckets": buckets, "unit": unit}
+        summary = ", ".join(f"{row[s]} {s}" for s in IntervalStatus.values if row[s])
+        buckets.append((_bucket_state(row), f"{row['bucket']}: {row['total']} intervals, {summary}"))
+    return {"mode": "buckets", "count": len(buckets), "unit": unit, "html": _cells_html(buckets)}
+
+
+def _cells_html(cells) -> str:
+    """The grid's squares, `<li class="cell s-STATE" title="...">`, built here rather
+    than in a template loop: a 26,280-interval request has up to 2,000 of them, and a
+    template loop takes ~23 ms for 1,095 of them, this ~4 (measured; both escape every value)."""
+    return mark_safe("".join(f'<li class="cell s-{escape(state)}" title="{escape(title)}"></li>'
+                             for state, title in cells))
 
 
 def _bucket_state(row: dict) -> str:
