@@ -35,7 +35,7 @@ def _inbox_groups(user, steps: list[ApprovalStep], extra: list[BackfillRequest] 
     Three queries whatever the number of cards: the lineage cache check, the side
     effects (prefetched) and the planned interval counts (one GROUP BY)."""
     from backfill_portal.catalog.lineage import LineageGraph
-    from backfill_portal.catalog.views import lineage_picture
+    from backfill_portal.catalog.picture import lineage_picture
 
     groups: dict[int, dict] = {}
     for step in steps:
