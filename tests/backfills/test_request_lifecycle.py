@@ -354,6 +354,51 @@ def test_lost_race_on_the_same_edge_claims_once(alice, catalog):
     assert AuditEvent.objects.filter(request_id=request.pk, to_state=RequestStatus.CANCELLED).count() == 1
 
 
+
+def test_a_lost_race_inside_a_callers_transaction_leaves_it_usable(alice, oscar, catalog):
+    """Transitions take no savepoint; a lost race changes nothing, so the caller's
+    transaction goes on and commits what it did besides."""
+    from django.db import transaction
+
+    from backfill_portal.backfills.services.requests import backfill_request_create
+
+    request, _ = backfill_request_create(actor=alice, job="dwd_order_items", start="2022-10-01",
+                                         end="2022-10-02", reason="race")
+    other, _ = backfill_request_create(actor=alice, job="dwd_order_items", start="2022-11-01",
+                                       end="2022-11-02", reason="other")
+    stale = BackfillRequest.objects.select_related("job__dataset").get(pk=request.pk)
+    request_transition(BackfillRequest.objects.get(pk=request.pk), to=RequestStatus.CANCELLED, actor=alice)
+    with transaction.atomic():
+        with pytest.raises(ConflictError):
+            request_transition(stale, to=RequestStatus.PENDING_APPROVAL, actor=alice)
+        request_transition(BackfillRequest.objects.select_related("job__dataset").get(pk=other.pk),
+                           to=RequestStatus.CANCELLED, actor=oscar)
+    assert status_of(request.pk) == RequestStatus.CANCELLED and status_of(other.pk) == RequestStatus.CANCELLED
+    assert AuditEvent.objects.filter(request_id=other.pk, to_state=RequestStatus.CANCELLED).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_audit_write_undoes_the_state_change(alice, catalog, monkeypatch):
+    """Invariant 8: the change and its audit row commit together or not at all (a real
+    transaction here: inside a test's own, the failure dooms that one instead)."""
+    from backfill_portal.backfills.services.requests import backfill_request_create
+    from backfill_portal.core.models import AuditEvent as Event
+
+    request, _ = backfill_request_create(actor=alice, job="dwd_order_items", start="2022-10-01",
+                                         end="2022-10-02", reason="audit fails")
+    before = AuditEvent.objects.count()
+
+    def broken_save(self, *args, **kwargs):
+        raise RuntimeError("audit store unavailable")
+
+    monkeypatch.setattr(Event, "save", broken_save)
+    with pytest.raises(RuntimeError, match="audit store unavailable"):
+        request_transition(BackfillRequest.objects.select_related("job__dataset").get(pk=request.pk),
+                           to=RequestStatus.CANCELLED, actor=alice)
+    monkeypatch.undo()
+    assert status_of(request.pk) == RequestStatus.DRAFT
+    assert AuditEvent.objects.count() == before
+
 # --- idempotency keys ---------------------------------------------------------------------------
 
 

@@ -58,9 +58,11 @@ def audit_record(
     """Append one event, chained to the previous one.
 
     Writers serialise on the chain head: SQLite's IMMEDIATE transactions already do,
-    PostgreSQL takes a transaction-scoped advisory lock.
+    PostgreSQL takes a transaction-scoped advisory lock. No savepoint of its own: the
+    event belongs to the caller's transaction, and a failure here must undo the change
+    it records.
     """
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_AUDIT_LOCK_KEY])
