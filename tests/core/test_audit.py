@@ -250,3 +250,28 @@ def test_audit_api_is_read_only(api, activity):
     assert api("admin").patch(f"/api/audit/{event.pk}/", {"reason": "x"}, format="json").status_code == 405
     assert api("admin").post("/api/audit/", {"action": "x"}, format="json").status_code == 405
     assert AuditEvent.objects.get(pk=event.pk).reason == event.reason
+
+
+def test_the_chain_stays_whole_across_savepoints_within_one_transaction(db):
+    """A transaction that appended an event chains the next one to it without locking
+    or reading again; a savepoint rolled back around an event makes the next writer
+    read the head from the table again, so no event chains to a vanished one."""
+    from django.test.utils import CaptureQueriesContext
+
+    with transaction.atomic():
+        audit_record(actor=None, action="t.one", object_type="t", object_id=1)
+        with CaptureQueriesContext(connection) as second:
+            audit_record(actor=None, action="t.two", object_type="t", object_id=2)
+        with pytest.raises(RuntimeError):
+            with transaction.atomic():
+                audit_record(actor=None, action="t.gone", object_type="t", object_id=3)
+                raise RuntimeError("undo this savepoint")
+        audit_record(actor=None, action="t.three", object_type="t", object_id=4)
+        with transaction.atomic():
+            audit_record(actor=None, action="t.four", object_type="t", object_id=5)
+        audit_record(actor=None, action="t.five", object_type="t", object_id=6)
+
+    assert [q["sql"].split()[0] for q in second.captured_queries] == ["INSERT"]
+    assert list(AuditEvent.objects.order_by("id").values_list("action", flat=True)) == [
+        "t.one", "t.two", "t.three", "t.four", "t.five"]
+    assert audit_verify() == (5, None)

@@ -63,10 +63,7 @@ def audit_record(
     it records.
     """
     with transaction.atomic(savepoint=False):
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_AUDIT_LOCK_KEY])
-        prev = AuditEvent.objects.order_by("-id").values_list("hash", flat=True).first() or GENESIS_HASH
+        prev = _chain_head()
         event = AuditEvent(
             at=timezone.now(),
             actor=actor if getattr(actor, "pk", None) else None,
@@ -84,7 +81,44 @@ def audit_record(
         )
         event.hash = event_hash(prev, hashed_fields(event))
         event.save()
+        _remember_head(event.hash)
     return event
+
+
+def _chain_head() -> str:
+    """The hash to chain to, with the chain locked until this transaction ends.
+
+    A transaction that already appended an event holds the lock and knows the head
+    (the event it wrote), so it neither locks nor reads again. It knows that only while
+    the marker callback `_remember_head` registered is still pending in this
+    transaction: Django drops pending callbacks when the transaction or a savepoint
+    around the write rolls back, and runs them (forgetting the head) on commit."""
+    remembered = getattr(connection, "_audit_head", None)
+    if remembered is not None and any(func is remembered[0] for _, func, _ in connection.run_on_commit):
+        return remembered[1]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_AUDIT_LOCK_KEY])
+    return AuditEvent.objects.order_by("-id").values_list("hash", flat=True).first() or GENESIS_HASH
+
+
+def _remember_head(head: str) -> None:
+    """Remember the event just written as the head, under a marker registered at the
+    current savepoint depth: if a savepoint around this write rolls back, the marker
+    goes with it and the next writer reads the head again."""
+    remembered = getattr(connection, "_audit_head", None)
+    if remembered is not None and any(
+            func is remembered[0] and sids == set(connection.savepoint_ids)
+            for sids, func, _ in connection.run_on_commit):
+        connection._audit_head = (remembered[0], head)
+        return
+
+    def forget() -> None:
+        if getattr(connection, "_audit_head", (None,))[0] is forget:
+            connection._audit_head = None
+
+    connection._audit_head = (forget, head)
+    transaction.on_commit(forget)
 
 
 def audit_verify() -> tuple[int, AuditEvent | None]:
