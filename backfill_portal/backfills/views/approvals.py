@@ -138,10 +138,8 @@ def approval_step_decide_view(request, pk: int):
     """Approve or reject one step (approval_step_decide, the API's service); a refusal
     is shown on the step's form with its status (400 no comment, 403 not yours, 409
     already decided)."""
-    step = (ApprovalStep.objects.select_related("request__job__dataset", "request__requested_by", "dataset", "job",
-                                                "approver").filter(pk=pk).first())
-    if step is None:
-        raise NotFound(f"approval step {pk} does not exist")
+    step = _object_or_404(ApprovalStep.objects.select_related(
+        "request__job__dataset", "request__requested_by", "dataset", "job", "approver"), pk, "approval step")
     form = _step_form(step, request.POST)
     form.is_valid()
     decision = request.POST.get("decision")
@@ -151,18 +149,34 @@ def approval_step_decide_view(request, pk: int):
         approval_step_decide(actor=request.user, step=step, approve=decision == "approve",
                              comment=form.cleaned_data.get("comment", ""))
     except ApplicationError as exc:
-        form_errors(form, exc, "comment")
-        status = error_status(exc)
-        bound = {("step", step.pk): form}
-        if is_htmx(request):
-            return _card_response(request, step.request, bound=bound, status=status,
-                                  alert={"level": "error", "text": exc.message})
-        return _render_inbox(request, bound=bound, status=status)
+        return _refused(request, exc, form, ("step", step.pk),
+                        lambda **kw: _card_response(request, step.request, **kw))
     req = BackfillRequest.objects.select_related("job__dataset", "requested_by").get(pk=step.request_id)
     verb = "approved" if decision == "approve" else "rejected"
     text = f"You {verb} the {step.get_kind_display().lower()} step of request #{req.pk}; the request is now {req.status}."
+    return _decided(request, text, lambda **kw: _card_response(request, req, **kw))
+
+
+def _object_or_404(queryset, pk: int, what: str):
+    found = queryset.filter(pk=pk).first()
+    if found is None:
+        raise NotFound(f"{what} {pk} does not exist")
+    return found
+
+
+def _refused(request, exc: ApplicationError, form, key: tuple, card) -> HttpResponse:
+    """A refused decision: the errors on its form, the card again (htmx) or the inbox,
+    with the refusal's status (400, 403 or 409)."""
+    form_errors(form, exc, "comment")
+    status = error_status(exc)
     if is_htmx(request):
-        return _card_response(request, req, bound={}, status=200, alert={"level": "success", "text": text})
+        return card(bound={key: form}, status=status, alert={"level": "error", "text": exc.message})
+    return _render_inbox(request, bound={key: form}, status=status)
+
+
+def _decided(request, text: str, card) -> HttpResponse:
+    if is_htmx(request):
+        return card(bound={}, status=200, alert={"level": "success", "text": text})
     messages.success(request, text)
     return redirect_after_post(request, reverse("approvals"))
 
@@ -172,10 +186,8 @@ def approval_step_decide_view(request, pk: int):
 @require_POST
 def handoff_decide_view(request, pk: int):
     """Accept (files a linked cascade request in my name) or decline (with a comment)."""
-    item = (HandoffItem.objects.select_related("request__job__dataset", "request__requested_by", "job__dataset",
-                                               "owner").filter(pk=pk).first())
-    if item is None:
-        raise NotFound(f"hand-off item {pk} does not exist")
+    item = _object_or_404(HandoffItem.objects.select_related(
+        "request__job__dataset", "request__requested_by", "job__dataset", "owner"), pk, "hand-off item")
     form = _handoff_form(item, request.POST)
     form.is_valid()
     decision = request.POST.get("decision")
@@ -190,14 +202,6 @@ def handoff_decide_view(request, pk: int):
         else:
             raise ValidationError("choose Accept or Decline")
     except ApplicationError as exc:
-        form_errors(form, exc, "comment")
-        status = error_status(exc)
-        bound = {("handoff", item.pk): form}
-        if is_htmx(request):
-            return _handoff_response(request, item, bound=bound, status=status,
-                                     alert={"level": "error", "text": exc.message})
-        return _render_inbox(request, bound=bound, status=status)
-    if is_htmx(request):
-        return _handoff_response(request, item, bound={}, status=200, alert={"level": "success", "text": text})
-    messages.success(request, text)
-    return redirect_after_post(request, reverse("approvals"))
+        return _refused(request, exc, form, ("handoff", item.pk),
+                        lambda **kw: _handoff_response(request, item, **kw))
+    return _decided(request, text, lambda **kw: _handoff_response(request, item, **kw))
