@@ -108,8 +108,8 @@ def application_errors(view):
 @dataclass
 class KeysetPage:
     rows: list
-    next_before: int | None  # pass as ?before= for the next (older) page
-    before: int | None  # the cursor this page was read with
+    next_before: int | str | None  # pass as ?before= for the next (older / smaller-key) page
+    before: int | str | None  # the cursor this page was read with
 
 
 def parse_int(value, *, minimum: int = 1) -> int | None:
@@ -121,38 +121,27 @@ def parse_int(value, *, minimum: int = 1) -> int | None:
 
 
 def keyset_page(qs: QuerySet, before, *, size: int = PAGE_SIZE) -> KeysetPage:
-    """Newest first by id; `before` is the smallest id already shown. Reads size + 1 rows
-    to learn whether there is a next page, so the cost is one query at any depth."""
-    cursor = parse_int(before)
-    if cursor is not None:
-        qs = qs.filter(pk__lt=cursor)
-    rows = list(qs.order_by("-pk")[: size + 1])
-    more = len(rows) > size
-    rows = rows[:size]
-    return KeysetPage(rows=rows, next_before=rows[-1].pk if more and rows else None, before=cursor)
+    """Newest first by id; `before` is the smallest id already shown."""
+    return _keyset(qs, "pk", parse_int(before), size)
 
 
-@dataclass
-class KeyPage:
-    rows: list
-    next_before: str | None  # pass as ?before= for the next page (smaller keys)
-    before: str | None
-
-
-def keyset_page_by(qs: QuerySet, field: str, before, *, size: int = PAGE_SIZE) -> KeyPage:
+def keyset_page_by(qs: QuerySet, field: str, before, *, size: int = PAGE_SIZE) -> KeysetPage:
     """Keyset pagination on a unique text key, largest first (partition keys sort in
     time order): `before` is the smallest key already shown."""
-    cursor = str(before).strip()[:200] if before else None
-    if cursor:
+    return _keyset(qs, field, (str(before).strip()[:200] or None) if before else None, size)
+
+
+def _keyset(qs: QuerySet, field: str, cursor, size: int) -> KeysetPage:
+    """Reads size + 1 rows to learn whether there is a next page, so the cost is one
+    query at any depth. Rows may be model instances or dicts (a values() query)."""
+    if cursor is not None:
         qs = qs.filter(**{f"{field}__lt": cursor})
     rows = list(qs.order_by(f"-{field}")[: size + 1])
     more = len(rows) > size
     rows = rows[:size]
-
-    def key(row):
-        return row[field] if isinstance(row, dict) else getattr(row, field)
-
-    return KeyPage(rows=rows, next_before=key(rows[-1]) if more and rows else None, before=cursor or None)
+    last = rows[-1] if rows else None
+    key = (last[field] if isinstance(last, dict) else getattr(last, field)) if last is not None else None
+    return KeysetPage(rows=rows, next_before=key if more else None, before=cursor)
 
 
 def query_without(request: HttpRequest, *keys: str) -> str:
