@@ -45,6 +45,7 @@ __all__ = [
     "PublishConflict",
     "PurgeRefused",
     "VersionNotCommitted",
+    "VersionNumbers",
     "Warehouse",
 ]
 
@@ -213,16 +214,26 @@ class Marker:
     measure_sum: float | None = None
     numbers_of: str | None = None  # DatasetSpec.numbers_of when they were taken
 
-    @property
-    def has_numbers(self) -> bool:
-        return self.null_keys is not None and self.distinct_keys is not None
+    def numbers_for(self, spec: DatasetSpec) -> VersionNumbers | None:
+        """The version's numbers as `spec` counts them, if this marker holds them: None
+        when it predates them, or they were counted for another dataset, key or measure."""
+        if (self.null_keys is None or self.distinct_keys is None or self.dataset != spec.name
+                or self.numbers_of != spec.numbers_of):
+            return None
+        return VersionNumbers(self.row_count, self.null_keys, self.distinct_keys, self.measure_sum)
 
 
-class _Numbers(NamedTuple):
+class VersionNumbers(NamedTuple):
+    """What verification and reconciliation compare of one version."""
+
     row_count: int
-    null_keys: int
-    distinct_keys: int
-    measure_sum: float | None
+    null_keys: int  # rows where any key column is NULL
+    distinct_keys: int  # distinct keys among rows whose key has no NULL
+    measure_sum: float | None  # None: no core measure declared, or no non-NULL value
+
+    @property
+    def duplicate_keys(self) -> int:
+        return self.row_count - self.null_keys - self.distinct_keys
 
 
 @dataclass(frozen=True)
@@ -512,10 +523,7 @@ class Warehouse:
         in the database now."""
         self._ensure_dataset_once(spec)
         marker = self._marker(run_id)
-        if marker is not None and marker.has_numbers and marker.numbers_of == spec.numbers_of:
-            numbers = _Numbers(marker.row_count, marker.null_keys, marker.distinct_keys, marker.measure_sum)
-        else:
-            numbers = self._numbers(spec, run_id)
+        numbers = (marker.numbers_for(spec) if marker else None) or self._numbers(spec, run_id)
         present = self._columns_of(spec.versions_table)
         columns = []
         for name, physical in present.items():
@@ -528,7 +536,7 @@ class Warehouse:
             row_count=numbers.row_count,
             distinct_keys=numbers.distinct_keys,
             null_keys=numbers.null_keys,
-            duplicate_keys=numbers.row_count - numbers.null_keys - numbers.distinct_keys,
+            duplicate_keys=numbers.duplicate_keys,
             measure_sum=numbers.measure_sum,
             fingerprint=marker.fingerprint if marker else self._fingerprint(spec, run_id),
             columns=columns,
@@ -799,21 +807,21 @@ class Warehouse:
                 f"(SELECT COUNT(*) FROM (SELECT 1 FROM {source} AND {all_set} GROUP BY {', '.join(keys)}) AS d)")
 
     @staticmethod
-    def _to_numbers(row: Sequence) -> _Numbers:
+    def _to_numbers(row: Sequence) -> VersionNumbers:
         row_count, null_keys, measure_sum, distinct_keys = row[:4]
-        return _Numbers(
+        return VersionNumbers(
             row_count=int(row_count), null_keys=int(null_keys or 0), distinct_keys=int(distinct_keys),
             # Rounded like the fingerprint: a float sum may differ in its last bits with
             # the order rows are read in.
             measure_sum=None if measure_sum is None else round(float(measure_sum), _FINGERPRINT_DECIMALS),
         )
 
-    def _numbers(self, spec: DatasetSpec, run_id: str) -> _Numbers:
+    def _numbers(self, spec: DatasetSpec, run_id: str) -> VersionNumbers:
         run_rows = f'{_quote(spec.versions_table)} WHERE "_run_id" = ?'
         return self._to_numbers(self.db.query(
             f"SELECT {self._numbers_sql(spec, run_rows)} FROM {run_rows}", (run_id, run_id))[0])
 
-    def _numbers_and_fingerprint(self, spec: DatasetSpec, run_id: str) -> tuple[_Numbers, str]:
+    def _numbers_and_fingerprint(self, spec: DatasetSpec, run_id: str) -> tuple[VersionNumbers, str]:
         """Both at commit. On PostgreSQL one pass over the run's rows does both."""
         if self.db.dialect != "postgresql":
             return self._numbers(spec, run_id), self._fingerprint_sqlite(spec, run_id)

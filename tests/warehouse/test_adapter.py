@@ -756,7 +756,7 @@ def test_many_profiles_come_from_markers_and_agree_with_counting(wh):
     assert set(numbers) == {"run-a", "run-b", "run-c"}
     for run_id, got in numbers.items():
         counted = wh._numbers(ORDERS, run_id)
-        assert (got.rows, got.null_keys, got.distinct_keys) == (
+        assert (got.row_count, got.null_keys, got.distinct_keys) == (
             counted.row_count, counted.null_keys, counted.distinct_keys)
         assert got.measure_sum == pytest.approx(counted.measure_sum)
     assert numbers["run-b"].duplicate_keys == 3

@@ -299,7 +299,7 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
                 row.after_run_id = run_id
                 got = numbers.get(run_id)
                 if got is not None:
-                    row.rows_after, row.distinct_keys, row.null_keys = got.rows, got.distinct_keys, got.null_keys
+                    row.rows_after, row.distinct_keys, row.null_keys = got.row_count, got.distinct_keys, got.null_keys
                     row.measure_after = got.measure_sum
                 observed = source_measures.get(run_pk) or {}
                 if observed.get("source") is not None:

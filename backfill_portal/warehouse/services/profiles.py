@@ -9,26 +9,13 @@ over those runs, a chunk at a time, so the database does one pass per chunk.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from backfill_portal.warehouse.adapter import DatasetSpec, Warehouse
+from backfill_portal.warehouse.adapter import DatasetSpec, VersionNumbers, Warehouse
 
 # Round like Warehouse.profile does: a float sum may differ in its last bits with
 # the order the rows are read in.
 _MEASURE_DECIMALS = 6
 CHUNK = 500
-
-
-@dataclass(frozen=True)
-class RunNumbers:
-    rows: int
-    null_keys: int
-    distinct_keys: int
-    measure_sum: float | None
-
-    @property
-    def duplicate_keys(self) -> int:
-        return self.rows - self.null_keys - self.distinct_keys
 
 
 def _chunks(items: list[str], size: int = CHUNK) -> Iterable[list[str]]:
@@ -65,19 +52,19 @@ def profile_statements(spec: DatasetSpec, count: int) -> list[str]:
     ]
 
 
-def _from_markers(warehouse: Warehouse, spec: DatasetSpec, ids: list[str]) -> tuple[dict[str, RunNumbers], list[str]]:
+def _from_markers(warehouse: Warehouse, spec: DatasetSpec,
+                  ids: list[str]) -> tuple[dict[str, VersionNumbers], list[str]]:
     """The numbers the markers hold, and the ids they do not answer for."""
-    out: dict[str, RunNumbers] = {}
+    out: dict[str, VersionNumbers] = {}
     for chunk in _chunks(ids):
         for run_id, marker in warehouse.markers(chunk).items():
-            if marker.has_numbers and marker.numbers_of == spec.numbers_of and marker.dataset == spec.name:
-                out[run_id] = RunNumbers(rows=marker.row_count, null_keys=marker.null_keys,
-                                         distinct_keys=marker.distinct_keys, measure_sum=marker.measure_sum)
+            if (numbers := marker.numbers_for(spec)) is not None:
+                out[run_id] = numbers
     return out, [r for r in ids if r not in out]
 
 
-def profile_many(warehouse: Warehouse, *, spec: DatasetSpec, run_ids: Iterable[str]) -> dict[str, RunNumbers]:
-    """{run_id: RunNumbers} for the runs that have rows in `spec`'s versions table."""
+def profile_many(warehouse: Warehouse, *, spec: DatasetSpec, run_ids: Iterable[str]) -> dict[str, VersionNumbers]:
+    """{run_id: VersionNumbers} for the runs that have rows in `spec`'s versions table."""
     ids = sorted({r for r in run_ids if r})
     if not ids or not warehouse.db.table_exists(spec.versions_table):
         return {}
@@ -89,8 +76,8 @@ def profile_many(warehouse: Warehouse, *, spec: DatasetSpec, run_ids: Iterable[s
         for row in main:
             run_id, rows, null_keys, measure = row[0], int(row[1]), int(row[2] or 0), row[3]
             keys = int(row[4]) if distinct is None else int(distinct.get(run_id, 0))
-            out[run_id] = RunNumbers(
-                rows=rows, null_keys=null_keys, distinct_keys=keys,
+            out[run_id] = VersionNumbers(
+                row_count=rows, null_keys=null_keys, distinct_keys=keys,
                 measure_sum=None if measure is None else round(float(measure), _MEASURE_DECIMALS),
             )
     return out
