@@ -122,6 +122,14 @@ def partition_detail(request, name: str, key: str):
     return render_page(request, "warehouse/partition.html", ctx)
 
 
+def _with_consumers(ctx: dict) -> dict:
+    """The rollback's impact: the consumer runs that read the current version, and the
+    datasets they produced."""
+    ctx["consumers"] = consumers_of([ctx["current"]]) if ctx["current"] is not None else []
+    ctx["consumer_datasets"] = sorted({c["dataset"] for c in ctx["consumers"]})
+    return ctx
+
+
 def _confirm_response(request, ctx: dict, *, status: int = 200) -> HttpResponse:
     """The confirmation: a fragment for htmx, a page of its own otherwise."""
     if is_htmx(request):
@@ -136,11 +144,9 @@ def partition_rollback_confirm(request, name: str, key: str):
     """GET: the impact (from -> to, consumer runs that read the current version and the
     datasets they produced) and the form. POST: partition_rollback, then optionally
     file the rebuilds; a refusal is shown in the confirmation with its status."""
-    ctx = _partition_context(request.user, name, key)
+    ctx = _with_consumers(_partition_context(request.user, name, key))
     if not ctx["can_rollback"] and request.method == "GET":
         raise PermissionDenied("rolling back needs on-call, an admin or the dataset owner")
-    ctx["consumers"] = consumers_of([ctx["current"]]) if ctx["current"] is not None else []
-    ctx["consumer_datasets"] = sorted({c["dataset"] for c in ctx["consumers"]})
     if request.method == "GET":
         ctx["form"] = RollbackForm(initial={"rebuild": bool(ctx["consumers"])})
         return _confirm_response(request, ctx)
@@ -158,9 +164,7 @@ def partition_rollback_confirm(request, name: str, key: str):
                 form.add_error("reason", text)
         else:
             # Show the partition as it is now (someone may have moved the pointer meanwhile).
-            ctx.update(_partition_context(request.user, name, key))
-            ctx["consumers"] = consumers_of([ctx["current"]]) if ctx["current"] is not None else []
-            ctx["consumer_datasets"] = sorted({c["dataset"] for c in ctx["consumers"]})
+            ctx.update(_with_consumers(_partition_context(request.user, name, key)))
             ctx["refusal"] = {"status": error_status(exc), "messages": error_messages(exc),
                               "conflict": isinstance(exc, ConflictError)}
         return _confirm_response(request, ctx, status=error_status(exc))
