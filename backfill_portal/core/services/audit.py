@@ -93,8 +93,8 @@ def _chain_head() -> str:
     the marker callback `_remember_head` registered is still pending in this
     transaction: Django drops pending callbacks when the transaction or a savepoint
     around the write rolls back, and runs them (forgetting the head) on commit."""
-    remembered = getattr(connection, "_audit_head", None)
-    if remembered is not None and any(func is remembered[0] for _, func, _ in connection.run_on_commit):
+    remembered = _remembered()
+    if remembered is not None:
         return remembered[1]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
@@ -106,10 +106,8 @@ def _remember_head(head: str) -> None:
     """Remember the event just written as the head, under a marker registered at the
     current savepoint depth: if a savepoint around this write rolls back, the marker
     goes with it and the next writer reads the head again."""
-    remembered = getattr(connection, "_audit_head", None)
-    if remembered is not None and any(
-            func is remembered[0] and sids == set(connection.savepoint_ids)
-            for sids, func, _ in connection.run_on_commit):
+    remembered = _remembered(at_this_depth=True)
+    if remembered is not None:
         connection._audit_head = (remembered[0], head)
         return
 
@@ -119,6 +117,19 @@ def _remember_head(head: str) -> None:
 
     connection._audit_head = (forget, head)
     transaction.on_commit(forget)
+
+
+def _remembered(*, at_this_depth: bool = False):
+    """The remembered (marker, head) while its marker is still pending in this
+    transaction (registered at the current savepoint depth, if asked); else None."""
+    remembered = getattr(connection, "_audit_head", None)
+    if remembered is None:
+        return None
+    depth = set(connection.savepoint_ids)
+    for sids, func, _ in connection.run_on_commit:
+        if func is remembered[0] and (not at_this_depth or sids == depth):
+            return remembered
+    return None
 
 
 def audit_verify() -> tuple[int, AuditEvent | None]:
