@@ -10,8 +10,7 @@ from django.http import StreamingHttpResponse
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus
-from backfill_portal.backfills.selectors import request_rows
-from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
+from backfill_portal.backfills.selectors import handoffs_waiting_for, request_rows, steps_waiting_for
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.web import keyset_page, query_without, render_page
 from backfill_portal.warehouse.models import Publication

@@ -14,17 +14,17 @@ from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Hand
 from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
 from backfill_portal.backfills.services.handoff import handoff_accept, handoff_decline
 from backfill_portal.backfills.services.requests import approval_step_decide
+from backfill_portal.catalog.lineage import LineageGraph
+from backfill_portal.catalog.picture import lineage_picture
 from backfill_portal.core.errors import ApplicationError, NotFound, ValidationError
 from backfill_portal.core.web import (
     application_errors,
     error_status,
+    inbox_count,
     is_htmx,
     redirect_after_post,
     render_page,
 )
-
-
-# --- Approvals inbox ----------------------------------------------------------------------
 
 INBOX_MAX_STEPS = 200
 INBOX_MAX_HANDOFFS = 100
@@ -34,9 +34,6 @@ def _inbox_groups(user, steps: list[ApprovalStep], extra: list[BackfillRequest] 
     """One card per request: its plan summary, the small lineage picture, the steps.
     Three queries whatever the number of cards: the lineage cache check, the side
     effects (prefetched) and the planned interval counts (one GROUP BY)."""
-    from backfill_portal.catalog.lineage import LineageGraph
-    from backfill_portal.catalog.picture import lineage_picture
-
     groups: dict[int, dict] = {}
     for step in steps:
         groups.setdefault(step.request_id, {"req": step.request, "steps": []})["steps"].append(step)
@@ -103,8 +100,6 @@ def approvals(request):
 def _card_response(request, req: BackfillRequest, *, alert: dict, bound: dict, status: int) -> HttpResponse:
     """An htmx answer: the request's card again (what is left for me to decide, and what
     just happened), plus the nav badge out of band."""
-    from backfill_portal.core.web import inbox_count
-
     steps = [s for s in steps_waiting_for(request.user).filter(request=req)]
     groups = _inbox_groups(request.user, steps, extra=[req])
     _attach_forms(groups, [], bound)
@@ -114,8 +109,6 @@ def _card_response(request, req: BackfillRequest, *, alert: dict, bound: dict, s
 
 
 def _handoff_response(request, item: HandoffItem, *, alert: dict, bound: dict, status: int) -> HttpResponse:
-    from backfill_portal.core.web import inbox_count
-
     item.refresh_from_db()
     _attach_forms([], [item], bound)
     return render(request, "backfills/partials/_inbox_handoff.html", {

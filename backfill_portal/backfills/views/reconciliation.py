@@ -11,7 +11,9 @@ from django.views.decorators.http import require_POST
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.forms import ExplainForm, SignoffForm
-from backfill_portal.backfills.models import BackfillRequest, ReconciliationRow
+from backfill_portal.backfills.models import BackfillRequest, Reconciliation, ReconciliationRow
+from backfill_portal.backfills.views.approvals import form_errors
+from backfill_portal.backfills.views.requests import request_or_404
 from backfill_portal.core.errors import ApplicationError, NotFound
 from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import (
@@ -23,12 +25,6 @@ from backfill_portal.core.web import (
     redirect_after_post,
     render_page,
 )
-
-from backfill_portal.backfills.views.approvals import form_errors
-from backfill_portal.backfills.views.requests import request_or_404
-
-
-# --- Reconciliation ---------------------------------------------------------------------
 
 RECON_ROWS_PER_PAGE = 500
 _NOT_RUN_YET = (RequestStatus.DRAFT, RequestStatus.PENDING_APPROVAL, RequestStatus.APPROVED, RequestStatus.REJECTED)
@@ -226,8 +222,6 @@ def reconciliation_explain(request, pk: int, row_pk: int):
         messages.success(request, notice)
         return redirect_after_post(request, reverse("reconciliation", args=[pk]) + f"#rec-row-{row.pk}")
     row.form = form
-    from backfill_portal.backfills.models import Reconciliation
-
     recon = Reconciliation.objects.filter(request=req).select_related("signed_off_by").first()
     counts = _verdict_counts(req)
     return render(request, "backfills/partials/_reconciliation_row_response.html", {

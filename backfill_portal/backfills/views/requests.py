@@ -30,8 +30,7 @@ from backfill_portal.backfills.forms import (
 )
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
 from backfill_portal.backfills.planning import dst_notes, plan_intervals
-from backfill_portal.backfills.selectors import request_rows
-from backfill_portal.backfills.selectors import request_progress
+from backfill_portal.backfills.selectors import request_progress, request_rows
 from backfill_portal.backfills.services.requests import (
     NodeAction,
     approval_plan,
@@ -69,7 +68,6 @@ GRID_MAX_CELLS = 2000
 RUNS_SHOWN = 25
 RECON_SHOWN_STATES = (RequestStatus.RECONCILING, RequestStatus.COMPLETED, RequestStatus.ROLLED_BACK)
 PROGRESS_SEGMENTS = ("published", "running", "queued", "failed", "skipped", "cancelled")
-
 
 
 # --- Read helpers (selector-like) -------------------------------------------------------
