@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from backfill_portal.catalog.lineage import LineageGraph
 from backfill_portal.catalog.models import Dataset
 
-
 LINEAGE_MAX_NODES = 400
 _SIZES = {
     False: {"w": 232, "h": 66, "gx": 72, "gy": 18, "pad": 14, "chars": 29},
@@ -99,7 +98,7 @@ def _clip(text: str, n: int) -> str:
 def _request_actions(req) -> dict[str, str]:
     if req is None:
         return {}
-    actions = {name: act for name, act in (req.node_actions or {}).items()}
+    actions = dict(req.node_actions or {})
     actions[req.job.name] = "target"
     return actions
 
@@ -157,11 +156,12 @@ def lineage_picture(graph: LineageGraph, *, root: str | None = None, req=None, c
 
     size = _SIZES[compact]
     w, h, gx, gy, pad = size["w"], size["h"], size["gx"], size["gy"], size["pad"]
+    badges = 10 if not compact and req is not None else 0  # room for the action badges
     tallest = max((len(keys) for keys in columns.values()), default=1)
-    height = pad * 2 + tallest * h + (tallest - 1) * gy + (10 if not compact and req is not None else 0)
+    height = pad * 2 + tallest * h + (tallest - 1) * gy + badges
     ncols = max(columns, default=0) + 1
     width = pad * 2 + ncols * w + (ncols - 1) * gx
-    top = pad + (10 if not compact and req is not None else 0)  # room for the action badges
+    top = pad + badges
     for col, keys in columns.items():
         span = len(keys) * h + (len(keys) - 1) * gy
         y0 = top + (tallest * h + (tallest - 1) * gy - span) // 2
