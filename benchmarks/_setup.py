@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,3 +42,17 @@ def scratch_django(name: str) -> str:
     call_command("migrate", verbosity=0)
     call_command("load_demo", no_data=True, verbosity=0)
     return label
+
+
+def alternately(first: Callable[[], object], second: Callable[[], object], n: int) -> tuple[list[float], list[float]]:
+    """Time `first` and `second` n times each, interleaved, so machine load hits both
+    alike. Returns their durations in seconds."""
+    first_t, second_t = [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        first()
+        first_t.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        second()
+        second_t.append(time.perf_counter() - t)
+    return first_t, second_t

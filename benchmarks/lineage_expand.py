@@ -11,7 +11,7 @@ import statistics
 import time
 from collections import deque
 
-from _setup import scratch_django
+from _setup import alternately, scratch_django
 
 label = scratch_django("lineage")
 
@@ -73,14 +73,7 @@ LineageGraph.load()
 load = time.perf_counter() - t
 assert portal() == plain_bfs()
 reached = plain_bfs()
-base_t, portal_t = [], []
-for _ in range(15):
-    t = time.perf_counter()
-    plain_bfs()
-    base_t.append(time.perf_counter() - t)
-    t = time.perf_counter()
-    portal()
-    portal_t.append(time.perf_counter() - t)
+base_t, portal_t = alternately(plain_bfs, portal, 15)
 b, p = statistics.median(base_t), statistics.median(portal_t)
 nodes = LineageGraph.cached().expand(root, start, end)
 mapped = sum(len(n.partitions) for n in nodes)

@@ -60,7 +60,7 @@ import sys
 import time
 from datetime import date, datetime, timedelta
 
-from _setup import scratch_django
+from _setup import alternately, scratch_django
 
 N = int(os.environ.get("N", "30"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
@@ -408,14 +408,7 @@ def measure(name: str, username: str, url: str, select) -> dict:
     sql_ms = sum(timings) * 1000
     page_p95, select_p95, page_all = [], [], []
     for _ in range(ROUNDS):
-        page_t, select_t = [], []
-        for _ in range(N):
-            t = time.perf_counter()
-            render()
-            page_t.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            select()
-            select_t.append(time.perf_counter() - t)
+        page_t, select_t = alternately(render, select, N)
         page_p95.append(p95(page_t))
         select_p95.append(p95(select_t))
         page_all.extend(page_t)
