@@ -12,19 +12,25 @@ PostgreSQL + Redis. Scale with ORDERS_PER_DAY (default 12000).
 from __future__ import annotations
 
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections import deque
 from datetime import date
 
-from _setup import scratch_django
+from _setup import ROOT, scratch_django
 
 ORDERS = int(os.environ.get("ORDERS_PER_DAY", "12000"))
 FIRST, LAST = date(2022, 9, 1), date(2022, 11, 29)
 label = scratch_django("overhead")
 
+from django.conf import settings  # noqa: E402
 from django.contrib.auth.models import User  # noqa: E402
+from django.db import connection  # noqa: E402
 
+from backfill_portal.backfills.models import BackfillRequest, ReconciliationRow  # noqa: E402
 from backfill_portal.backfills.planning import plan_intervals  # noqa: E402
 from backfill_portal.backfills.services.requests import (  # noqa: E402
     backfill_request_create,
@@ -40,6 +46,7 @@ from backfill_portal.execution.executors import source_sql  # noqa: E402
 from backfill_portal.warehouse.demo_data import load_demo_sources  # noqa: E402
 from backfill_portal.warehouse.registry import get_warehouse  # noqa: E402
 
+settings.DEBUG = False  # as deployed: no per-query logging
 warehouse = get_warehouse()
 db = warehouse.db
 t = time.perf_counter()
@@ -78,22 +85,79 @@ def direct() -> float:
 
 
 sent: deque = deque()
+to_broker = outbox._publish
 outbox._publish = lambda task, args, headers, queue: sent.append((task, args, headers))
 alice, olivia = User.objects.get(username="alice"), User.objects.get(username="olivia")
 
 
-def portal() -> float:
-    t0 = time.perf_counter()
+def file_and_approve() -> BackfillRequest:
     request, _ = backfill_request_create(actor=alice, job=job.name, start=FIRST.isoformat(), end=LAST.isoformat(),
                                          reason="benchmark", max_active_intervals=8)
     backfill_request_submit(actor=alice, request_id=request.pk, confirm_overlap=True)
     backfill_request_decide(actor=olivia, request_id=request.pk, approve=True)
+    return request
+
+
+def portal() -> float:
+    """Every task of the backfill run here, one after the other, through Celery's apply."""
+    t0 = time.perf_counter()
+    request = file_and_approve()
     while sent:
         task, args, headers = sent.popleft()
         app.tasks[task].apply(args=args, headers=headers, throw=True)
     request.refresh_from_db()
     assert request.status == "reconciling", request.status
     return time.perf_counter() - t0
+
+
+BROKER = os.environ.get("CELERY_BROKER_URL", "")
+ON_WORKER = connection.vendor == "postgresql" and BROKER.startswith(("redis", "amqp"))
+WORKERS = int(os.environ.get("WORKERS", "2"))
+
+
+def start_worker() -> subprocess.Popen:
+    """A real Celery worker on the broker, as deployed: DEBUG off, WORKERS processes."""
+    env = {**os.environ, "LOG_LEVEL": "WARNING", "DEBUG": "0", "SECRET_KEY": "benchmark-" + "k" * 50}
+    subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q", "production,backfill"],
+                   cwd=ROOT, env=env, capture_output=True, timeout=60)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "backfill_portal", "worker", "-Q", "production,backfill",
+         "--concurrency", str(WORKERS), "--prefetch-multiplier", "1", "--without-mingle", "--without-gossip",
+         "-n", f"bench{os.getpid()}@%h"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 60
+    while not app.control.ping(timeout=1.0):
+        if proc.poll() is not None or time.time() > deadline:
+            raise SystemExit("the benchmark worker did not start")
+    return proc
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def portal_on_worker() -> float:
+    """The same backfill, its tasks sent through the broker to the worker; timed until
+    the request reaches reconciling (every interval published)."""
+    outbox._publish = to_broker
+    try:
+        t0 = time.perf_counter()
+        request = file_and_approve()
+        status = BackfillRequest.objects.filter(pk=request.pk).values_list("status", flat=True)
+        while (now := status.get()) in ("approved", "running"):
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - t0
+        assert now == "reconciling", now
+        # Let the reconciliation task finish before anything else is timed.
+        while not ReconciliationRow.objects.filter(request=request).exists():
+            time.sleep(0.05)
+        return elapsed
+    finally:
+        outbox._publish = lambda task, args, headers, queue: sent.append((task, args, headers))
 
 
 direct()  # warm caches for both (first reads of the source pages)
@@ -153,6 +217,23 @@ def breakdown() -> str:
 
 
 print(breakdown())
-print(f"direct SQL loop: {d:.2f}s ({per_sql:.0f} ms per interval); portal: {p:.2f}s; "
-      f"overhead {overhead:.1f} ms per interval ({rounds} rounds, medians)")
-print(f"ratio: {p / d:.2f} (portal backfill / direct SQL loop, 90 daily intervals of dwd_order_items)")
+print(f"in one process, one task after another: direct SQL loop {d:.2f}s ({per_sql:.0f} ms per interval); "
+      f"portal {p:.2f}s; overhead {overhead:.1f} ms per interval ({rounds} rounds, medians); ratio {p / d:.2f}")
+if not ON_WORKER:
+    print(f"ratio: {p / d:.2f} (portal backfill / direct SQL loop, 90 daily intervals of dwd_order_items, "
+          "tasks run in this process; the real-worker comparison needs PostgreSQL and a Redis/AMQP broker)")
+    raise SystemExit
+worker = start_worker()
+try:
+    direct_w, worker_times = [], []
+    for _ in range(rounds):
+        direct_w.append(direct())
+        worker_times.append(portal_on_worker())
+finally:
+    stop_worker(worker)
+dw, w = statistics.median(direct_w), statistics.median(worker_times)
+print(f"on a real worker ({WORKERS} processes, {BROKER.split(':')[0]} broker, request max 8 active intervals): "
+      f"direct SQL loop {dw:.2f}s; portal {w:.2f}s; overhead {(w - dw) / 90 * 1000:.1f} ms per interval "
+      f"({rounds} rounds, medians)")
+print(f"ratio: {w / dw:.2f} (portal backfill on a real Celery worker / direct SQL loop, 90 daily intervals "
+      "of dwd_order_items)")
