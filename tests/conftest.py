@@ -96,6 +96,7 @@ TEST_CATALOG = textwrap.dedent(
           - {name: ds, type: text}
           - {name: category, type: text}
           - {name: gmv, type: numeric}
+        source_measure_sql: "SELECT SUM(d.amount) FROM {{ ref('dwd_order_items') }} AS d"
       - name: notify_finance
         owner: finn
         team: finance

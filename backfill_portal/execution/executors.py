@@ -117,6 +117,20 @@ def pin_inputs(run: Run, warehouse: Warehouse) -> PinnedInputs:
     return pins
 
 
+class LazyPins:
+    """The run's pinned inputs, read only if a template asks for them (verification
+    renders its checks against them, and most checks read only `this`)."""
+
+    def __init__(self, run: Run, warehouse: Warehouse):
+        self._load = lambda: pin_inputs(run, warehouse)
+        self._pins: PinnedInputs | None = None
+
+    def __getattr__(self, name: str):
+        if self._pins is None:
+            self._pins = self._load()
+        return getattr(self._pins, name)
+
+
 def source_watermark(warehouse: Warehouse, source: Dataset, run: Run) -> dict:
     """Row count, max ingested_at and the measure over the interval: a later rerun
     compares them to tell whether the source changed underneath."""
@@ -195,8 +209,7 @@ def _resolve(dotted: str) -> Callable:
 def execute(run: Run, attempt_no: int, warehouse: Warehouse, *, should_stop: Callable[[], bool] = lambda: False) -> Marker:
     """Stage the run's version; the marker commits with the rows."""
     job = run.job
-    spec = spec_for(job.dataset)
-    warehouse.ensure_dataset(spec)
+    spec = spec_for(job.dataset)  # staging ensures its tables, once per process and spec
     pins = pin_inputs(run, warehouse)
     definition = run.code_version.definition
     kind = definition.get("kind", job.kind)

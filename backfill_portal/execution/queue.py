@@ -22,7 +22,7 @@ BACKFILL_QUEUE = "backfill"
 
 def enqueue(task: str, *args, headers: dict | None = None, queue: str = BACKFILL_QUEUE) -> TaskOutbox:
     row = TaskOutbox.objects.create(task=task, args=list(args), headers=headers or {}, queue=queue)
-    transaction.on_commit(lambda: send(row.pk))
+    transaction.on_commit(lambda: send(row))
     return row
 
 
@@ -32,23 +32,25 @@ def _publish(task: str, args: list, headers: dict, queue: str) -> None:
     app.send_task(task, args=args, headers=headers, queue=queue)
 
 
-def send(pk: int) -> bool:
-    row = TaskOutbox.objects.filter(pk=pk, sent_at__isnull=True).first()
-    if row is None:
-        return False
+def send(row: TaskOutbox) -> bool:
+    """Send a committed row, then mark it sent. The row is not read again first: if
+    the sweeper sent it meanwhile (it waits 30 s), the task goes twice, which tasks
+    tolerate by design."""
     try:
         _publish(row.task, row.args, row.headers, row.queue)
     except Exception:  # broker down: the sweeper tries again
         logger.exception("could not send %s %s; the sweeper will retry", row.task, row.args)
         return False
-    TaskOutbox.objects.filter(pk=pk, sent_at__isnull=True).update(sent_at=timezone.now())
+    TaskOutbox.objects.filter(pk=row.pk, sent_at__isnull=True).update(sent_at=timezone.now())
     return True
 
 
 def outbox_resend(*, older_than_seconds: int = 30) -> int:
+    """Send what was committed but never sent (the process died, or the broker was
+    down, between commit and send). Returns how many were sent."""
     cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
-    pks = list(TaskOutbox.objects.filter(sent_at__isnull=True, created_at__lt=cutoff).values_list("pk", flat=True)[:500])
-    return sum(1 for pk in pks if send(pk))
+    rows = TaskOutbox.objects.filter(sent_at__isnull=True, created_at__lt=cutoff).order_by("pk")[:500]
+    return sum(1 for row in rows if send(row))
 
 
 def outbox_purge(*, older_than_days: int = 7) -> int:

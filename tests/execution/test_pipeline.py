@@ -334,6 +334,33 @@ def test_downstream_pins_the_upstream_versions_it_read(personas, ready, warehous
     total = sum(r["gmv"] for r in published_rows(warehouse, "dws_sales_daily", "2022-10-01"))
     upstream_total = sum(float(r["amount"]) for r in published_rows(warehouse, "dwd_order_items", "2022-10-01"))
     assert round(float(total), 2) == pytest.approx(round(upstream_total, 2), abs=0.05)
+    measure = CheckResult.objects.get(run=run, name="measure_vs_source")
+    assert measure.passed and measure.blocking
+    # The check rendered ref() against the pinned upstream version: its number is that
+    # version's total, and the rollup's own total agrees with it.
+    assert measure.observed["source"] == pytest.approx(upstream_total, abs=0.01)
+    assert measure.observed["version"] == pytest.approx(float(total), abs=0.01)
+
+
+def test_a_rollup_whose_measure_disagrees_with_its_source_is_not_published(personas, ready, warehouse):
+    from backfill_portal.catalog.services.sync import catalog_sync
+    from tests.conftest import TEST_CATALOG
+
+    approved_request(personas, start="2022-10-01", end="2022-10-01")
+    ready.drain()
+    # A code change that loses every item without a category in one bucket: keys stay
+    # unique and non-NULL, only the money no longer adds up.
+    losing = TEST_CATALOG.replace("FROM {{ ref('dwd_order_items') }} AS d GROUP BY category",
+                                  "FROM {{ ref('dwd_order_items') }} AS d WHERE category <> 'books' GROUP BY category")
+    assert losing != TEST_CATALOG
+    catalog_sync(text=losing)
+    request = approved_request(personas, job="dws_sales_daily", start="2022-10-01", end="2022-10-01", approver="sam")
+    ready.drain()
+    run = Run.objects.get(request=request)
+    assert run.status == RunStatus.VERIFICATION_FAILED
+    measure = CheckResult.objects.get(run=run, name="measure_vs_source")
+    assert not measure.passed and measure.observed["version"] < measure.observed["source"]
+    assert warehouse.current("dws_sales_daily", "2022-10-01") is None
 
 
 def test_run_and_partition_api_show_attempts_checks_pins_version_and_history(personas, ready, warehouse, api):

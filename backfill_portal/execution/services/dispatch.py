@@ -36,14 +36,20 @@ def run_queue(run: Run) -> str:
     return PRODUCTION_QUEUE if run.run_type == RunType.SCHEDULED else BACKFILL_QUEUE
 
 
-def enqueue_execute(run: Run) -> None:
-    Run.objects.filter(pk=run.pk).update(enqueued_at=timezone.now())
-    enqueue("execution.execute_run", run.run_id, headers=run_headers(run), queue=run_queue(run))
+def enqueue_execute(run: Run, *, stamped: bool = False) -> None:
+    """Queue the run's next attempt. `enqueued_at` (what the stale-run sweeper reads)
+    is set here unless the caller's own write already set it (`stamped`)."""
+    _enqueue_run_task("execution.execute_run", run, stamped)
 
 
-def enqueue_verify(run: Run) -> None:
-    Run.objects.filter(pk=run.pk).update(enqueued_at=timezone.now())
-    enqueue("execution.verify_run", run.run_id, headers=run_headers(run), queue=run_queue(run))
+def enqueue_verify(run: Run, *, stamped: bool = False) -> None:
+    _enqueue_run_task("execution.verify_run", run, stamped)
+
+
+def _enqueue_run_task(task: str, run: Run, stamped: bool) -> None:
+    if not stamped:
+        Run.objects.filter(pk=run.pk).update(enqueued_at=timezone.now())
+    enqueue(task, run.run_id, headers=run_headers(run), queue=run_queue(run))
 
 
 def runs_resend_stale(*, older_than_seconds: int = 600, now=None) -> int:
@@ -200,12 +206,13 @@ def dispatch_request(*, request_id: int) -> int:
                     job=job, run_type=RunType.BACKFILL, request=request, interval=interval,
                     partition_key=interval.partition_key, data_interval_start=interval.start,
                     data_interval_end=interval.end, code_version_id=interval.code_version_id,
+                    enqueued_at=timezone.now(),
                 )
                 audit_record(actor=None, action="run.created", object_type="run", object_id=run.pk,
                              request_id=request.pk, dataset=job.dataset.name, to_state=RunStatus.QUEUED,
                              data={"run_id": run.run_id, "partition": run.partition_key, "run_type": run.run_type,
                                    "code_version": run.code_version_id})
-                enqueue_execute(run)
+                enqueue_execute(run, stamped=True)
                 created += 1
         request_check_done(request, progressed=created > 0)
     return created

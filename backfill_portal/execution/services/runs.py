@@ -154,8 +154,9 @@ def _attempt_succeed(*, attempt: Attempt, run: Run, marker) -> str:
                 "dataset": run.job.dataset, "partition_key": run.partition_key, "row_count": marker.row_count,
                 "fingerprint": marker.fingerprint, "committed_attempt": marker.attempt_no,
                 "committed_at": marker.committed_at or timezone.now()})
-            run_transition(run, to=S.STAGED, data={"row_count": marker.row_count, "fingerprint": marker.fingerprint})
-            enqueue_verify(run)
+            run_transition(run, to=S.STAGED, data={"row_count": marker.row_count, "fingerprint": marker.fingerprint},
+                           updates={"enqueued_at": timezone.now()})
+            enqueue_verify(run, stamped=True)
     except ConflictError:
         logger.warning("attempt %s was fenced (lost or cancelled); its result is refused", attempt.attempt_no)
         return "fenced"

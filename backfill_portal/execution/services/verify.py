@@ -52,7 +52,7 @@ def trailing_baseline(run: Run, window: int = BASELINE_WINDOW) -> float | None:
 
 
 def compute_checks(run: Run, warehouse) -> list[Check]:
-    from backfill_portal.execution.executors import ExecutionError, pin_inputs, render
+    from backfill_portal.execution.executors import ExecutionError, LazyPins, render
 
     dataset = run.job.dataset
     spec = spec_for(dataset)
@@ -85,7 +85,7 @@ def compute_checks(run: Run, warehouse) -> list[Check]:
                         observed={"declared": declared, "produced": produced},
                         message="; ".join(filter(None, [f"undeclared: {', '.join(extra)}" if extra else "",
                                                         f"missing: {', '.join(missing)}" if missing else ""]))))
-    pins = pin_inputs(run, warehouse)
+    pins = LazyPins(run, warehouse)
     this_sql = warehouse.ref_sql(spec=spec, pins={run.partition_key: run.run_id})
     if dataset.source_measure_sql and dataset.core_measure:
         try:
@@ -154,10 +154,11 @@ def run_verify(*, run_id: str) -> str:
             if _needs_second_rerun(run):
                 second_rerun_start(run)
                 return "awaiting-second-rerun"
-            expected = warehouse.current(run.job.dataset.name, run.partition_key) or ""
+            current = warehouse.current(run.job.dataset.name, run.partition_key)
             run_transition(run, to=S.VERIFIED, data={"checks": summary},
-                           updates={"expected_previous_run_id": expected})
-    return run_publish(run_id=run_id)
+                           updates={"expected_previous_run_id": current or ""})
+    # The run was just loaded and moved to verified here; the pointer just read.
+    return _publish(run, actor=None, current=current)
 
 
 def run_publish(*, run_id: str, actor=None) -> str:
@@ -167,15 +168,22 @@ def run_publish(*, run_id: str, actor=None) -> str:
     already names this run (a crash between the two steps), only the mirror is done.
     """
     run = run_get(run_id)
-    if run is None or run.status != S.VERIFIED:
-        return f"skipped-{run.status if run else 'missing'}"
+    if run is None:
+        return "skipped-missing"
+    return _publish(run, actor=actor, current=get_warehouse().current(run.job.dataset.name, run.partition_key))
+
+
+def _publish(run: Run, *, actor, current: str | None) -> str:
+    """`current`: the pointer as last read; the switch itself is a compare-and-set, so
+    a pointer that moved since is a conflict, never an overwrite."""
+    if run.status != S.VERIFIED:
+        return f"skipped-{run.status}"
     if run.run_type == RunType.VERIFICATION:
         return "skipped-verification-run"  # computed only to be compared, never shown
     warehouse = get_warehouse()
     dataset = run.job.dataset
     expected = run.expected_previous_run_id or None
     with log_context(run_id=run.run_id, request_id=run.request_id):
-        current = warehouse.current(dataset.name, run.partition_key)
         if current != run.run_id:
             try:
                 warehouse.publish(spec_or_name=spec_for(dataset), partition=run.partition_key, run_id=run.run_id,

@@ -1,0 +1,62 @@
+"""The transactional outbox: a task is sent only after its transaction commits, once;
+what was committed but never sent (broker down, process died) is sent by the sweeper."""
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+
+from backfill_portal.execution import queue
+from backfill_portal.execution.models import TaskOutbox
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def broker(monkeypatch):
+    sent: list[tuple] = []
+    state = {"down": False}
+
+    def publish(task, args, headers, queue_name):
+        if state["down"]:
+            raise ConnectionError("broker unreachable")
+        sent.append((task, args, headers, queue_name))
+
+    monkeypatch.setattr(queue, "_publish", publish)
+    return sent, state
+
+
+def test_a_task_is_sent_after_commit_and_marked_sent(broker):
+    sent, _ = broker
+    with transaction.atomic():
+        row = queue.enqueue("execution.execute_run", "run_a", headers={"run_id": "run_a"})
+        assert sent == []  # not before the commit
+    assert sent == [("execution.execute_run", ["run_a"], {"run_id": "run_a"}, queue.BACKFILL_QUEUE)]
+    row.refresh_from_db()
+    assert row.sent_at is not None
+    assert queue.outbox_resend(older_than_seconds=0) == 0  # nothing left to send
+
+
+def test_a_rolled_back_transaction_sends_nothing_and_leaves_no_row(broker):
+    sent, _ = broker
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            queue.enqueue("execution.execute_run", "run_b")
+            raise RuntimeError("the caller fails after enqueueing")
+    assert sent == []
+    assert not TaskOutbox.objects.exists()
+
+
+def test_committed_but_not_sent_is_sent_once_by_the_sweeper(broker):
+    sent, state = broker
+    state["down"] = True
+    with transaction.atomic():
+        row = queue.enqueue("execution.verify_run", "run_c", queue=queue.PRODUCTION_QUEUE)
+    row.refresh_from_db()
+    assert sent == [] and row.sent_at is None
+    assert queue.outbox_resend(older_than_seconds=0) == 0  # still down: stays unsent
+    state["down"] = False
+    assert queue.outbox_resend(older_than_seconds=3600) == 0  # too recent for the sweeper
+    assert queue.outbox_resend(older_than_seconds=0) == 1
+    assert sent == [("execution.verify_run", ["run_c"], {}, queue.PRODUCTION_QUEUE)]
+    assert queue.outbox_resend(older_than_seconds=0) == 0
+    assert len(sent) == 1
