@@ -6,6 +6,7 @@ use only the data interval, the partition key and ref('dataset').
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +29,9 @@ from backfill_portal.warehouse.models import Consumption, Version
 from backfill_portal.warehouse.registry import spec_for
 
 _env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+# Every run of a job renders the same frozen template (and verification its checks):
+# compile each text once per process. A compiled template renders safely many times.
+_compiled = functools.lru_cache(maxsize=512)(_env.from_string)
 
 
 class ExecutionError(Exception):
@@ -176,7 +180,7 @@ def render(template: str, *, run: Run, warehouse: Warehouse, pins: PinnedInputs,
         return warehouse.ref_sql(spec=spec_for(job.dataset), pins=pins.previous)
 
     try:
-        return _env.from_string(template).render(
+        return _compiled(template).render(
             data_interval_start=warehouse.db.ts_literal(run.data_interval_start),
             data_interval_end=warehouse.db.ts_literal(run.data_interval_end),
             partition_key=_q(run.partition_key),

@@ -7,6 +7,7 @@ import logging
 from datetime import timedelta
 
 from django.db import connection, transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus as I
@@ -79,14 +80,16 @@ def _serialise_dispatch() -> None:
 
 def free_slots(job: Job, *, production: bool) -> int:
     """What the job, its team and its pool still allow (not counting the request gate)."""
-    active = Run.objects.filter(status__in=RUN_ACTIVE)
-    job_free = job.max_concurrent_runs - active.filter(job=job).count()
-    team = job.dataset.team
-    team_free = team.max_concurrent_runs - active.filter(job__dataset__team=team).count()
-    pool = job.pool
+    team, pool = job.dataset.team, job.pool
+    # One scan of the active runs counts all three.
+    active = Run.objects.filter(status__in=RUN_ACTIVE).aggregate(
+        of_job=Count("pk", filter=Q(job=job)),
+        of_team=Count("pk", filter=Q(job__dataset__team=team)),
+        of_pool=Count("pk", filter=Q(job__pool=pool)),
+    )
     pool_limit = pool.slots if production else pool.slots - pool.reserved_for_production
-    pool_free = pool_limit - active.filter(job__pool=pool).count()
-    return max(0, min(job_free, team_free, pool_free))
+    return max(0, min(job.max_concurrent_runs - active["of_job"], team.max_concurrent_runs - active["of_team"],
+                      pool_limit - active["of_pool"]))
 
 
 def request_get_for_update(request_id) -> BackfillRequest:
@@ -181,9 +184,10 @@ def dispatch_request(*, request_id: int) -> int:
         request = request_get_for_update(request_id)
         if request.status != R.RUNNING or request.paused:
             return 0
-        authorised = set(request.side_effects.values_list("pk", flat=True))
         jobs = {j.pk: j for j in Job.objects.filter(
             pk__in=Interval.objects.filter(request=request).values("job_id")).select_related("dataset__team", "pool")}
+        authorised = (set(request.side_effects.values_list("pk", flat=True))
+                      if any(j.kind == JobKind.SIDE_EFFECT for j in jobs.values()) else set())
         for job in jobs.values():
             reason = _skip_reason(request, job, authorised)
             if reason:

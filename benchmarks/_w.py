@@ -1,0 +1,178 @@
+"""A 90-interval backfill of dwd_order_items through the portal, versus the same SQL
+run directly in a loop (delete-then-insert per partition, the "dangerous button"), in
+one run. The portal path is the worker's: dispatch, attempt, pinning, staging with the
+commit marker, verification checks, compare-and-set publication and the audit rows;
+tasks run in this process through Celery's `apply`, so broker latency is not counted
+(it overlaps with work when workers run in parallel).
+
+Prints the per-interval overhead in ms and, last, the ratio. Target: ratio <= 1.2 when
+each interval's SQL takes 50 ms or more; overhead < 10 ms per interval on
+PostgreSQL + Redis. Scale with ORDERS_PER_DAY (default 12000).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import deque
+from datetime import date
+
+from _setup import ROOT, scratch_django
+
+ORDERS = int(os.environ.get("ORDERS_PER_DAY", "12000"))
+FIRST, LAST = date(2022, 9, 1), date(2022, 11, 29)
+label = scratch_django("overhead")
+
+from django.conf import settings  # noqa: E402
+from django.contrib.auth.models import User  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from backfill_portal.backfills.models import BackfillRequest, ReconciliationRow  # noqa: E402
+from backfill_portal.backfills.planning import plan_intervals  # noqa: E402
+from backfill_portal.backfills.services.requests import (  # noqa: E402
+    backfill_request_create,
+    backfill_request_decide,
+    backfill_request_submit,
+)
+from backfill_portal.catalog.models import Job  # noqa: E402
+from backfill_portal.celery import app  # noqa: E402
+from backfill_portal.execution import queue as outbox  # noqa: E402
+from backfill_portal.backfills import tasks as backfill_tasks  # noqa: E402, F401
+from backfill_portal.execution import tasks  # noqa: E402, F401
+from backfill_portal.execution.executors import source_sql  # noqa: E402
+from backfill_portal.warehouse.demo_data import load_demo_sources  # noqa: E402
+from backfill_portal.warehouse.registry import get_warehouse  # noqa: E402
+
+settings.DEBUG = False  # as deployed: no per-query logging
+warehouse = get_warehouse()
+db = warehouse.db
+t = time.perf_counter()
+load_demo_sources(db, first=FIRST, last=LAST, orders_per_day=ORDERS)
+print(f"{label} warehouse ({db.dialect}): source data loaded in {time.perf_counter() - t:.1f}s, {ORDERS} orders/day")
+
+job = Job.objects.select_related("dataset", "current_code_version").get(name="dwd_order_items")
+template = job.current_code_version.definition["sql"]
+intervals = plan_intervals(grain="day", timezone=job.dataset.timezone, first=FIRST.isoformat(), last=LAST.isoformat())
+assert len(intervals) == 90
+columns = ", ".join(f'"{c["name"]}"' for c in job.dataset.columns)
+db.execute(f'CREATE TABLE IF NOT EXISTS direct_dwd_order_items AS SELECT {columns}, '
+           f"'' AS ds FROM dwd_order_items__versions WHERE 1 = 0")
+# Indexed by partition, as any table rewritten partition by partition is: without it
+# the loop's DELETE scans every earlier partition and the baseline looks slower than
+# the SQL it stands for.
+db.execute("CREATE INDEX IF NOT EXISTS direct_dwd_order_items_ds ON direct_dwd_order_items (ds)")
+
+
+class Interval:
+    def __init__(self, iv):
+        self.data_interval_start, self.data_interval_end = iv.start, iv.end
+
+
+def direct() -> float:
+    """The same SQL per interval, delete-then-insert into a plain table, no governance."""
+    t0 = time.perf_counter()
+    for iv in intervals:
+        source = source_sql(warehouse, job.upstreams.get(), Interval(iv))
+        sql = template.replace("{{ ref('ods_order_events') }}", source)
+        with db.transaction():
+            db.execute("DELETE FROM direct_dwd_order_items WHERE ds = ?", (iv.partition_key,))
+            db.execute(f"INSERT INTO direct_dwd_order_items SELECT {columns}, ? AS ds FROM ({sql}) AS q",
+                       (iv.partition_key,))
+    return time.perf_counter() - t0
+
+
+sent: deque = deque()
+to_broker = outbox._publish
+outbox._publish = lambda task, args, headers, queue: sent.append((task, args, headers))
+alice, olivia = User.objects.get(username="alice"), User.objects.get(username="olivia")
+
+
+def file_and_approve() -> BackfillRequest:
+    request, _ = backfill_request_create(actor=alice, job=job.name, start=FIRST.isoformat(), end=LAST.isoformat(),
+                                         reason="benchmark", max_active_intervals=8)
+    backfill_request_submit(actor=alice, request_id=request.pk, confirm_overlap=True)
+    backfill_request_decide(actor=olivia, request_id=request.pk, approve=True)
+    return request
+
+
+def portal() -> float:
+    """Every task of the backfill run here, one after the other, through Celery's apply."""
+    t0 = time.perf_counter()
+    request = file_and_approve()
+    while sent:
+        task, args, headers = sent.popleft()
+        app.tasks[task].apply(args=args, headers=headers, throw=True)
+    request.refresh_from_db()
+    assert request.status == "reconciling", request.status
+    return time.perf_counter() - t0
+
+
+BROKER = os.environ.get("CELERY_BROKER_URL", "")
+ON_WORKER = connection.vendor == "postgresql" and BROKER.startswith(("redis", "amqp"))
+WORKERS = int(os.environ.get("WORKERS", "2"))
+
+
+def start_worker() -> subprocess.Popen:
+    """A real Celery worker on the broker, as deployed: DEBUG off, WORKERS processes."""
+    env = {**os.environ, "LOG_LEVEL": "WARNING", "DEBUG": "0", "SECRET_KEY": "benchmark-" + "k" * 50}
+    subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q", "production,backfill"],
+                   cwd=ROOT, env=env, capture_output=True, timeout=60)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "backfill_portal", "worker", "-Q", "production,backfill",
+         "--concurrency", str(WORKERS), "--prefetch-multiplier", "1", "--without-mingle", "--without-gossip",
+         "-n", f"bench{os.getpid()}@%h"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 60
+    while not app.control.ping(timeout=1.0):
+        if proc.poll() is not None or time.time() > deadline:
+            raise SystemExit("the benchmark worker did not start")
+    return proc
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def portal_on_worker() -> float:
+    """The same backfill, its tasks sent through the broker to the worker; timed until
+    the request reaches reconciling (every interval published)."""
+    outbox._publish = to_broker
+    try:
+        t0 = time.perf_counter()
+        request = file_and_approve()
+        status = BackfillRequest.objects.filter(pk=request.pk).values_list("status", flat=True)
+        while (now := status.get()) in ("approved", "running"):
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - t0
+        assert now == "reconciling", now
+        # Let the reconciliation task finish before anything else is timed.
+        while not ReconciliationRow.objects.filter(request=request).exists():
+            time.sleep(0.05)
+        return elapsed
+    finally:
+        outbox._publish = lambda task, args, headers, queue: sent.append((task, args, headers))
+
+
+direct()
+rounds = int(os.environ.get('ROUNDS', '3'))
+worker = start_worker()
+try:
+    direct_w, worker_times = [], []
+    for _ in range(rounds):
+        direct_w.append(direct())
+        worker_times.append(portal_on_worker())
+finally:
+    stop_worker(worker)
+dw, w = statistics.median(direct_w), statistics.median(worker_times)
+print(f"on a real worker ({WORKERS} processes, {BROKER.split(':')[0]} broker, request max 8 active intervals): "
+      f"direct SQL loop {dw:.2f}s; portal {w:.2f}s; overhead {(w - dw) / 90 * 1000:.1f} ms per interval "
+      f"({rounds} rounds, medians)")
+print(f"ratio: {w / dw:.2f} (portal backfill on a real Celery worker / direct SQL loop, 90 daily intervals "
+      "of dwd_order_items)")
