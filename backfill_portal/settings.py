@@ -107,7 +107,11 @@ TEMPLATES = [
 
 def _database(url: str) -> dict:
     try:
-        config = dj_database_url.parse(url, conn_max_age=0)
+        # Connections persist between requests and tasks (Celery closes them after each
+        # task otherwise: a new PostgreSQL backend, three times per interval), checked
+        # before reuse so a server restart costs a reconnect, not an error.
+        config = dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 300),
+                                       conn_health_checks=True)
     except Exception as exc:  # dj_database_url raises bare ValueError/KeyError
         raise ImproperlyConfigured(f"cannot parse database URL {url!r}: {exc}") from None
     if config["ENGINE"] == "django.db.backends.sqlite3":

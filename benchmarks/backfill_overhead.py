@@ -148,8 +148,10 @@ def portal_on_worker() -> float:
         t0 = time.perf_counter()
         request = file_and_approve()
         status = BackfillRequest.objects.filter(pk=request.pk).values_list("status", flat=True)
+        # Every 25 ms: the end is seen at most 0.3 ms per interval late, and the polling
+        # takes little CPU from the worker it is timing.
         while (now := status.get()) in ("approved", "running"):
-            time.sleep(0.01)
+            time.sleep(0.025)
         elapsed = time.perf_counter() - t0
         assert now == "reconciling", now
         # Let the reconciliation task finish before anything else is timed.
