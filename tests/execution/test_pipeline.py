@@ -213,6 +213,34 @@ def test_failed_blocking_check_leaves_the_previous_version_visible(personas, rea
     assert second.status == RequestStatus.FAILED
 
 
+def test_a_publish_interrupted_after_the_pointer_switch_is_finished_not_repeated(personas, ready, warehouse,
+                                                                                 monkeypatch):
+    from backfill_portal.execution.services import verify as verify_service
+
+    request = approved_request(personas, start="2022-10-01", end="2022-10-01")
+    real = verify_service.interval_transition
+
+    def dies_before_the_mirror(interval, *, to, **kwargs):
+        if to == IntervalStatus.PUBLISHED:
+            raise RuntimeError("the worker died after switching the pointer")
+        return real(interval, to=to, **kwargs)
+
+    monkeypatch.setattr(verify_service, "interval_transition", dies_before_the_mirror)
+    with pytest.raises(RuntimeError):
+        ready.drain()
+    run = Run.objects.get(request=request)
+    assert run.status == RunStatus.VERIFIED  # the metadata mirror rolled back...
+    assert not Publication.objects.filter(version__run=run).exists()
+    assert warehouse.current("dwd_order_items", "2022-10-01") == run.run_id  # ...the switch did not
+    monkeypatch.setattr(verify_service, "interval_transition", real)
+    assert verify_service.run_publish(run_id=run.run_id) == "published"
+    run.refresh_from_db()
+    assert run.status == RunStatus.PUBLISHED
+    assert Publication.objects.filter(version__run=run).count() == 1
+    history = [record.run_id for record in warehouse.history("dwd_order_items", "2022-10-01")]
+    assert history.count(run.run_id) == 1  # switched once, not again
+
+
 def test_side_effect_authorised_in_two_overlapping_requests_delivers_once(personas, ready, warehouse):
     dwd = approved_request(personas, start="2022-10-01", end="2022-10-01")
     ready.drain()

@@ -121,7 +121,7 @@ def run_verify(*, run_id: str) -> str:
     if run.run_type == RunType.VERIFICATION:
         return second_rerun_compare(run_id=run_id)
     if run.status == S.VERIFIED:
-        return run_publish(run_id=run_id)
+        return _publish(run, actor=None)
     if run.status != S.STAGED:
         return f"skipped-{run.status}"
     warehouse = get_warehouse()
@@ -170,12 +170,16 @@ def run_publish(*, run_id: str, actor=None) -> str:
     run = run_get(run_id)
     if run is None:
         return "skipped-missing"
-    return _publish(run, actor=actor, current=get_warehouse().current(run.job.dataset.name, run.partition_key))
+    return _publish(run, actor=actor)
 
 
-def _publish(run: Run, *, actor, current: str | None) -> str:
-    """`current`: the pointer as last read; the switch itself is a compare-and-set, so
-    a pointer that moved since is a conflict, never an overwrite."""
+_UNREAD = object()
+
+
+def _publish(run: Run, *, actor, current=_UNREAD) -> str:
+    """`current`: the pointer as the caller last read it, if it did; the switch itself
+    is a compare-and-set, so a pointer that moved since is a conflict, never an
+    overwrite."""
     if run.status != S.VERIFIED:
         return f"skipped-{run.status}"
     if run.run_type == RunType.VERIFICATION:
@@ -183,6 +187,8 @@ def _publish(run: Run, *, actor, current: str | None) -> str:
     warehouse = get_warehouse()
     dataset = run.job.dataset
     expected = run.expected_previous_run_id or None
+    if current is _UNREAD:
+        current = warehouse.current(dataset.name, run.partition_key)
     with log_context(run_id=run.run_id, request_id=run.request_id):
         if current != run.run_id:
             try:
