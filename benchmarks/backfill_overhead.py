@@ -1,13 +1,18 @@
 """A 90-interval backfill of dwd_order_items through the portal, versus the same SQL
 run directly in a loop (delete-then-insert per partition, the "dangerous button"), in
 one run. The portal path is the worker's: dispatch, attempt, pinning, staging with the
-commit marker, verification checks, compare-and-set publication and the audit rows;
-tasks run in this process through Celery's `apply`, so broker latency is not counted
-(it overlaps with work when workers run in parallel).
+commit marker, verification checks, compare-and-set publication and the audit rows.
 
-Prints the per-interval overhead in ms and, last, the ratio. Target: ratio <= 1.2 when
-each interval's SQL takes 50 ms or more; overhead < 10 ms per interval on
-PostgreSQL + Redis. Scale with ORDERS_PER_DAY (default 12000).
+Two comparisons, each interleaved with the direct loop:
+1. in this process, every task through Celery's `apply`, one after another: the
+   governance cost per interval, with a breakdown of where it goes;
+2. on PostgreSQL with a Redis or AMQP broker, through a real Celery worker (WORKERS
+   processes, default 2 as `make run` starts), timed from filing the request until it
+   reaches reconciling, with the CPU each side used (from /proc, on Linux).
+
+Prints the per-interval overhead in ms and, last, the ratio (the worker's when it
+ran). Target: ratio <= 1.2 when each interval's SQL takes 50 ms or more; overhead
+< 10 ms per interval on PostgreSQL + Redis. Scale with ORDERS_PER_DAY (default 12000).
 """
 from __future__ import annotations
 
@@ -132,6 +137,37 @@ def start_worker() -> subprocess.Popen:
     return proc
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU time (user + system) used so far by PostgreSQL backends, Celery processes
+    and this process, from /proc; {} where there is none."""
+    used = {"postgresql": 0.0, "worker": 0.0, "this process": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()) if os.path.isdir("/proc") else ():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        if int(pid) == os.getpid():
+            used["this process"] += seconds
+        elif cmd.startswith("postgres"):
+            used["postgresql"] += seconds
+        elif "celery" in cmd and "worker" in cmd:
+            used["worker"] += seconds
+    return used if any(used.values()) else {}
+
+
+def cpu_during(fn) -> tuple[float, dict[str, float]]:
+    before = cpu_seconds()
+    elapsed = fn()
+    after = cpu_seconds()
+    return elapsed, {k: after[k] - before[k] for k in after}
+
+
 def stop_worker(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     try:
@@ -227,13 +263,26 @@ if not ON_WORKER:
     raise SystemExit
 worker = start_worker()
 try:
-    direct_w, worker_times = [], []
+    direct_w, worker_times, direct_cpu, worker_cpu = [], [], [], []
     for _ in range(rounds):
-        direct_w.append(direct())
-        worker_times.append(portal_on_worker())
+        elapsed, cpu = cpu_during(direct)
+        direct_w.append(elapsed)
+        direct_cpu.append(cpu)
+        elapsed, cpu = cpu_during(portal_on_worker)
+        worker_times.append(elapsed)
+        worker_cpu.append(cpu)
 finally:
     stop_worker(worker)
 dw, w = statistics.median(direct_w), statistics.median(worker_times)
+if worker_cpu[0]:
+    def per_interval(samples, key):
+        return statistics.median(c[key] for c in samples) / 90 * 1000
+
+    busy = statistics.median(sum(c.values()) / (t * (os.cpu_count() or 1)) for c, t in zip(worker_cpu, worker_times))
+    print(f"CPU per interval on the worker run: PostgreSQL {per_interval(worker_cpu, 'postgresql'):.0f} ms "
+          f"(the direct loop's: {per_interval(direct_cpu, 'postgresql'):.0f} ms), Celery worker "
+          f"{per_interval(worker_cpu, 'worker'):.0f} ms, this process {per_interval(worker_cpu, 'this process'):.0f} ms; "
+          f"{busy:.0%} of {os.cpu_count()} cores busy")
 print(f"on a real worker ({WORKERS} processes, {BROKER.split(':')[0]} broker, request max 8 active intervals): "
       f"direct SQL loop {dw:.2f}s; portal {w:.2f}s; overhead {(w - dw) / 90 * 1000:.1f} ms per interval "
       f"({rounds} rounds, medians)")
