@@ -282,7 +282,7 @@ if worker_cpu[0]:
     print(f"CPU per interval on the worker run: PostgreSQL {per_interval(worker_cpu, 'postgresql'):.0f} ms "
           f"(the direct loop's: {per_interval(direct_cpu, 'postgresql'):.0f} ms), Celery worker "
           f"{per_interval(worker_cpu, 'worker'):.0f} ms, this process {per_interval(worker_cpu, 'this process'):.0f} ms; "
-          f"{busy:.0%} of {os.cpu_count()} cores busy")
+          f"together {busy:.0%} of {os.cpu_count()} cores (kernel time for their sockets not included)")
 print(f"on a real worker ({WORKERS} processes, {BROKER.split(':')[0]} broker, request max 8 active intervals): "
       f"direct SQL loop {dw:.2f}s; portal {w:.2f}s; overhead {(w - dw) / 90 * 1000:.1f} ms per interval "
       f"({rounds} rounds, medians)")
