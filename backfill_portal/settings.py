@@ -120,7 +120,7 @@ def _database(url: str) -> dict:
         # interval, and planning them again each time was ~40% of their cost. Off
         # (DATABASE_PREPARED=0) behind a pooler in transaction mode, which cannot keep
         # prepared statements.
-        config["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
+        config["OPTIONS"] = {**config.get("OPTIONS", {}), "server_side_binding": True, "prepare_threshold": 5}
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # Web server and workers share the file: WAL lets readers run beside the
         # writer, IMMEDIATE takes the write lock at BEGIN so two writers queue on

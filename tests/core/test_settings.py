@@ -17,6 +17,12 @@ def test_postgresql_reuses_checked_connections_and_prepares_repeated_statements(
     assert config["OPTIONS"] == {"server_side_binding": True, "prepare_threshold": 5}
 
 
+def test_options_given_in_the_url_are_kept(monkeypatch):
+    monkeypatch.delenv("DATABASE_PREPARED", raising=False)
+    config = _database(PG + "?sslmode=require")
+    assert config["OPTIONS"] == {"sslmode": "require", "server_side_binding": True, "prepare_threshold": 5}
+
+
 def test_both_can_be_switched_off_for_a_pooler(monkeypatch):
     monkeypatch.setenv("DATABASE_PREPARED", "0")
     monkeypatch.setenv("DATABASE_CONN_MAX_AGE", "0")
