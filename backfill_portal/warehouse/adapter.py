@@ -47,6 +47,7 @@ __all__ = [
     "VersionNotCommitted",
     "VersionNumbers",
     "Warehouse",
+    "rounded_measure",
 ]
 
 COLUMN_TYPES = ("text", "integer", "numeric", "timestamp", "date", "boolean")
@@ -234,6 +235,12 @@ class VersionNumbers(NamedTuple):
     @property
     def duplicate_keys(self) -> int:
         return self.row_count - self.null_keys - self.distinct_keys
+
+
+def rounded_measure(value: Any) -> float | None:
+    """A measure sum as every reader compares it: rounded like the fingerprint, since a
+    float sum may differ in its last bits with the order rows are read in."""
+    return None if value is None else round(float(value), _FINGERPRINT_DECIMALS)
 
 
 @dataclass(frozen=True)
@@ -809,12 +816,8 @@ class Warehouse:
     @staticmethod
     def _to_numbers(row: Sequence) -> VersionNumbers:
         row_count, null_keys, measure_sum, distinct_keys = row[:4]
-        return VersionNumbers(
-            row_count=int(row_count), null_keys=int(null_keys or 0), distinct_keys=int(distinct_keys),
-            # Rounded like the fingerprint: a float sum may differ in its last bits with
-            # the order rows are read in.
-            measure_sum=None if measure_sum is None else round(float(measure_sum), _FINGERPRINT_DECIMALS),
-        )
+        return VersionNumbers(row_count=int(row_count), null_keys=int(null_keys or 0),
+                              distinct_keys=int(distinct_keys), measure_sum=rounded_measure(measure_sum))
 
     def _numbers(self, spec: DatasetSpec, run_id: str) -> VersionNumbers:
         run_rows = f'{_quote(spec.versions_table)} WHERE "_run_id" = ?'

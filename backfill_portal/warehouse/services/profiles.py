@@ -10,11 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from backfill_portal.warehouse.adapter import DatasetSpec, VersionNumbers, Warehouse
+from backfill_portal.warehouse.adapter import DatasetSpec, VersionNumbers, Warehouse, rounded_measure
 
-# Round like Warehouse.profile does: a float sum may differ in its last bits with
-# the order the rows are read in.
-_MEASURE_DECIMALS = 6
 CHUNK = 500
 
 
@@ -76,10 +73,8 @@ def profile_many(warehouse: Warehouse, *, spec: DatasetSpec, run_ids: Iterable[s
         for row in main:
             run_id, rows, null_keys, measure = row[0], int(row[1]), int(row[2] or 0), row[3]
             keys = int(row[4]) if distinct is None else int(distinct.get(run_id, 0))
-            out[run_id] = VersionNumbers(
-                row_count=rows, null_keys=null_keys, distinct_keys=keys,
-                measure_sum=None if measure is None else round(float(measure), _MEASURE_DECIMALS),
-            )
+            out[run_id] = VersionNumbers(row_count=rows, null_keys=null_keys, distinct_keys=keys,
+                                         measure_sum=rounded_measure(measure))
     return out
 
 
@@ -98,7 +93,7 @@ def measure_many(warehouse: Warehouse, *, spec: DatasetSpec, run_ids: Iterable[s
     out: dict[str, float | None] = {run_id: n.measure_sum for run_id, n in numbers.items()}
     for chunk in _chunks(ids):
         for run_id, total in warehouse.db.query(measure_statement(spec, len(chunk)), chunk):
-            out[run_id] = None if total is None else round(float(total), _MEASURE_DECIMALS)
+            out[run_id] = rounded_measure(total)
     return out
 
 
