@@ -25,7 +25,7 @@ import time
 from collections import deque
 from datetime import date
 
-from _setup import ROOT, scratch_django
+from _setup import ROOT, alternately, scratch_django
 
 ORDERS = int(os.environ.get("ORDERS_PER_DAY", "12000"))
 FIRST, LAST = date(2022, 9, 1), date(2022, 11, 29)
@@ -91,7 +91,14 @@ def direct() -> float:
 
 sent: deque = deque()
 to_broker = outbox._publish
-outbox._publish = lambda task, args, headers, queue: sent.append((task, args, headers))
+
+
+def to_this_process(task, args, headers, queue) -> None:
+    """Stands in for the broker in the in-process comparison: portal() runs what lands here."""
+    sent.append((task, args, headers))
+
+
+outbox._publish = to_this_process
 alice, olivia = User.objects.get(username="alice"), User.objects.get(username="olivia")
 
 
@@ -195,15 +202,12 @@ def portal_on_worker() -> float:
             time.sleep(0.05)
         return elapsed
     finally:
-        outbox._publish = lambda task, args, headers, queue: sent.append((task, args, headers))
+        outbox._publish = to_this_process
 
 
 direct()  # warm caches for both (first reads of the source pages)
 rounds = int(os.environ.get("ROUNDS", "3"))
-direct_times, portal_times = [], []
-for _ in range(rounds):
-    direct_times.append(direct())
-    portal_times.append(portal())
+direct_times, portal_times = alternately(direct, portal, rounds)
 d, p = statistics.median(direct_times), statistics.median(portal_times)
 per_sql = d / 90 * 1000
 overhead = (p - d) / 90 * 1000
@@ -212,8 +216,6 @@ overhead = (p - d) / 90 * 1000
 def breakdown() -> str:
     """One more portal backfill, outside the timed rounds, with its SQL timed: where
     the per-interval time goes (warehouse statements, metadata queries, the rest)."""
-    from django.db import connection
-
     from backfill_portal.warehouse.db import WarehouseDB
 
     spent = {"staging": 0.0, "warehouse": 0.0, "metadata": 0.0, "queries": 0}
