@@ -281,6 +281,37 @@ def test_dispatch_respects_max_active_intervals_and_job_limit(personas, ready, w
         assert req.status == RequestStatus.RECONCILING
 
 
+def test_a_publication_fills_the_slot_it_frees_in_the_same_task(personas, ready, warehouse):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-04", max_active_intervals=1)
+    ready.drain()
+    request.refresh_from_db()
+    assert request.status == RequestStatus.RECONCILING
+    # One dispatch task (after approval) for four intervals: each publication queued the
+    # next interval itself, without a dispatch task of its own.
+    assert [task for task, _, _ in ready.ran].count("execution.dispatch_request") == 1
+    assert [task for task, _, _ in ready.ran].count("execution.execute_run") == 4
+
+
+def test_a_dispatch_that_fails_after_publication_leaves_it_to_the_sweeper(personas, ready, warehouse, monkeypatch):
+    from backfill_portal.execution.services import verify as verify_service
+
+    request = approved_request(personas, start="2022-10-01", end="2022-10-02", max_active_intervals=1)
+
+    def broken(*, request_id):
+        raise RuntimeError("database went away")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(verify_service, "dispatch_request", broken)
+        ready.drain()
+    first = Run.objects.get(request=request, partition_key="2022-10-01")
+    assert first.status == RunStatus.PUBLISHED  # the publication stands
+    assert not Run.objects.filter(request=request, partition_key="2022-10-02").exists()
+    dispatch_all()  # the sweeper's periodic dispatch
+    ready.drain()
+    request.refresh_from_db()
+    assert request.status == RequestStatus.RECONCILING
+
+
 def test_backward_strategy_runs_newest_first(personas, ready, warehouse):
     request = approved_request(personas, start="2022-10-01", end="2022-10-04", strategy="backward",
                                max_active_intervals=1)

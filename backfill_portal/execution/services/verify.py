@@ -22,7 +22,7 @@ from backfill_portal.core.logging import log_context
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import CheckResult, Run
-from backfill_portal.execution.queue import enqueue
+from backfill_portal.execution.services.dispatch import dispatch_request
 from backfill_portal.execution.services.runs import _interval_failed, run_get
 from backfill_portal.execution.transitions import run_transition
 from backfill_portal.warehouse.adapter import PublishConflict
@@ -215,9 +215,21 @@ def _publish(run: Run, *, actor, current=_UNREAD) -> str:
             if run.interval_id:
                 run.interval.request = run.request
                 interval_transition(run.interval, to=I.PUBLISHED, data={"run_id": run.run_id})
-                enqueue("execution.dispatch_request", run.request_id, headers={"request_id": run.request_id})
         logger.info("published %s/%s (previous %s)", dataset.name, run.partition_key, expected)
+        if run.interval_id:
+            _dispatch_next(run.request_id)
     return "published"
+
+
+def _dispatch_next(request_id: int) -> None:
+    """A published interval frees a slot: fill it now, in this task, rather than
+    through another task (one broker round trip and one outbox row fewer per
+    interval). Publication has committed; if this fails or the process dies here,
+    the sweeper's periodic dispatch of every running request fills the slot."""
+    try:
+        dispatch_request(request_id=request_id)
+    except Exception:
+        logger.exception("dispatch after publication failed; the sweeper will dispatch request %s", request_id)
 
 
 # -- second-rerun verification (requests with verify_twice) ----------------------------------
