@@ -281,6 +281,28 @@ def test_dispatch_respects_max_active_intervals_and_job_limit(personas, ready, w
         assert req.status == RequestStatus.RECONCILING
 
 
+def test_custom_assertions_are_counted_each_and_a_broken_one_is_reported_alone(personas, ready, warehouse):
+    from backfill_portal.catalog.models import Dataset
+
+    Dataset.objects.filter(name="dwd_order_items").update(checks=[
+        {"name": "no_negative_amount", "blocking": True, "sql": "SELECT * FROM {{ this }} AS t WHERE t.amount < 0"},
+        {"name": "broken", "blocking": False, "sql": "SELECT t.no_such_column FROM {{ this }} AS t"},
+        {"name": "big_amounts", "blocking": False, "sql": "SELECT * FROM {{ this }} AS t WHERE t.amount > 100"},
+    ])
+    request = approved_request(personas, start="2022-10-01", end="2022-10-01")
+    ready.drain()
+    run = Run.objects.get(request=request)
+    assert run.status == RunStatus.PUBLISHED  # the failures are warnings
+    results = {c.name: c for c in CheckResult.objects.filter(run=run)}
+    big = sum(1 for row in published_rows(warehouse, "dwd_order_items", "2022-10-01") if float(row["amount"]) > 100)
+    assert big > 0
+    assert results["no_negative_amount"].passed and results["no_negative_amount"].observed == {"failing_rows": 0}
+    assert not results["big_amounts"].passed and results["big_amounts"].observed == {"failing_rows": big}
+    assert results["big_amounts"].message == f"{big} row(s) violate the assertion"
+    assert not results["broken"].passed and results["broken"].message.startswith("could not run")
+    assert "no_such_column" in results["broken"].message
+
+
 def test_a_publication_fills_the_slot_it_frees_in_the_same_task(personas, ready, warehouse):
     request = approved_request(personas, start="2022-10-01", end="2022-10-04", max_active_intervals=1)
     ready.drain()

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.choices import RequestStatus as R
-from backfill_portal.backfills.choices import Strategy
+from backfill_portal.backfills.choices import Cascade, Strategy
 from backfill_portal.backfills.models import BackfillRequest, Interval
 from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition, request_transition
 from backfill_portal.catalog.choices import JobKind
@@ -176,6 +176,15 @@ def _skip_reason(request: BackfillRequest, job: Job, authorised: set[int]) -> st
     return ""
 
 
+def _request_jobs(request: BackfillRequest) -> dict[int, Job]:
+    """The jobs the request's intervals belong to: its own job alone unless it cascades
+    (a hand-off's downstream work is a linked request of its own)."""
+    if request.cascade == Cascade.NONE:
+        return {request.job_id: request.job}
+    return {j.pk: j for j in Job.objects.filter(
+        pk__in=Interval.objects.filter(request=request).values("job_id")).select_related("dataset__team", "pool")}
+
+
 def dispatch_request(*, request_id: int) -> int:
     """Claim eligible intervals and queue their runs. Safe to call at any time, twice."""
     created = 0
@@ -184,8 +193,7 @@ def dispatch_request(*, request_id: int) -> int:
         request = request_get_for_update(request_id)
         if request.status != R.RUNNING or request.paused:
             return 0
-        jobs = {j.pk: j for j in Job.objects.filter(
-            pk__in=Interval.objects.filter(request=request).values("job_id")).select_related("dataset__team", "pool")}
+        jobs = _request_jobs(request)
         authorised = (set(request.side_effects.values_list("pk", flat=True))
                       if any(j.kind == JobKind.SIDE_EFFECT for j in jobs.values()) else set())
         for job in jobs.values():

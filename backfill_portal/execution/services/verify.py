@@ -100,17 +100,43 @@ def compute_checks(run: Run, warehouse) -> list[Check]:
                                 message="" if ok else f"{dataset.core_measure} {actual:.2f} vs source {expected:.2f}"))
         except (ExecutionError, Exception) as exc:  # a broken reconciliation query is a failed check, not a crash
             checks.append(Check("measure_vs_source", False, observed={}, message=f"could not compute: {exc}"))
+    rendered: list[str | Exception] = []
     for custom in dataset.checks or []:
         try:
-            sql = render(custom["sql"], run=run, warehouse=warehouse, pins=pins, this_sql=this_sql)
-            rows = warehouse.db.query(f"SELECT COUNT(*) FROM ({sql}) AS q")[0][0]
-            checks.append(Check(custom["name"], rows == 0, blocking=custom.get("blocking", True),
-                                observed={"failing_rows": int(rows)},
-                                message="" if rows == 0 else f"{rows} row(s) violate the assertion"))
+            rendered.append(render(custom["sql"], run=run, warehouse=warehouse, pins=pins, this_sql=this_sql))
         except Exception as exc:
-            checks.append(Check(custom["name"], False, blocking=custom.get("blocking", True),
-                                message=f"could not run: {exc}"))
+            rendered.append(exc)
+    for custom, rows in zip(dataset.checks or [], failing_rows(warehouse, rendered)):
+        blocking = custom.get("blocking", True)
+        if isinstance(rows, Exception):
+            checks.append(Check(custom["name"], False, blocking=blocking, message=f"could not run: {rows}"))
+        else:
+            checks.append(Check(custom["name"], rows == 0, blocking=blocking, observed={"failing_rows": rows},
+                                message="" if rows == 0 else f"{rows} row(s) violate the assertion"))
     return checks
+
+
+def failing_rows(warehouse, assertions: list[str | Exception]) -> list[int | Exception]:
+    """How many rows each assertion's SELECT returns (an Exception stays as it is).
+
+    All of them in one statement, one round trip; if that statement fails, each runs
+    alone so that the error is reported against the assertion that caused it."""
+    runnable = [(i, sql) for i, sql in enumerate(assertions) if isinstance(sql, str)]
+    results: list[int | Exception] = list(assertions)
+    if not runnable:
+        return results
+    try:
+        counts = warehouse.db.query("SELECT " + ", ".join(
+            f"(SELECT COUNT(*) FROM ({sql}) AS q{i})" for i, sql in runnable))[0]
+        for (i, _), n in zip(runnable, counts):
+            results[i] = int(n)
+    except Exception:
+        for i, sql in runnable:
+            try:
+                results[i] = int(warehouse.db.query(f"SELECT COUNT(*) FROM ({sql}) AS q")[0][0])
+            except Exception as exc:
+                results[i] = exc
+    return results
 
 
 def run_verify(*, run_id: str) -> str:
