@@ -190,11 +190,16 @@ def portal_on_worker() -> float:
     try:
         t0 = time.perf_counter()
         request = file_and_approve()
-        status = BackfillRequest.objects.filter(pk=request.pk).values_list("status", flat=True)
-        # Every 25 ms: the end is seen at most 0.3 ms per interval late, and the polling
-        # takes little CPU from the worker it is timing.
-        while (now := status.get()) in ("approved", "running"):
-            time.sleep(0.025)
+        # Every 25 ms: the end is seen at most 0.3 ms per interval late. One prepared
+        # statement on a raw cursor, not the ORM: the polling would otherwise take ~5 ms
+        # of CPU per interval from the two cores the worker is timed on.
+        table = connection.ops.quote_name(BackfillRequest._meta.db_table)
+        with connection.cursor() as cursor:
+            while True:
+                cursor.execute(f"SELECT status FROM {table} WHERE id = %s", [request.pk])
+                if (now := cursor.fetchone()[0]) not in ("approved", "running"):
+                    break
+                time.sleep(0.025)
         elapsed = time.perf_counter() - t0
         assert now == "reconciling", now
         # Let the reconciliation task finish before anything else is timed.
