@@ -382,16 +382,16 @@ def test_a_failed_audit_write_undoes_the_state_change(alice, catalog, monkeypatc
     """Invariant 8: the change and its audit row commit together or not at all (a real
     transaction here: inside a test's own, the failure dooms that one instead)."""
     from backfill_portal.backfills.services.requests import backfill_request_create
-    from backfill_portal.core.models import AuditEvent as Event
+    from backfill_portal.core.services import audit
 
     request, _ = backfill_request_create(actor=alice, job="dwd_order_items", start="2022-10-01",
                                          end="2022-10-02", reason="audit fails")
     before = AuditEvent.objects.count()
 
-    def broken_save(self, *args, **kwargs):
+    def broken_insert(event):
         raise RuntimeError("audit store unavailable")
 
-    monkeypatch.setattr(Event, "save", broken_save)
+    monkeypatch.setattr(audit, "_insert", broken_insert)
     with pytest.raises(RuntimeError, match="audit store unavailable"):
         request_transition(BackfillRequest.objects.select_related("job__dataset").get(pk=request.pk),
                            to=RequestStatus.CANCELLED, actor=alice)

@@ -275,3 +275,18 @@ def test_the_chain_stays_whole_across_savepoints_within_one_transaction(db):
     assert list(AuditEvent.objects.order_by("id").values_list("action", flat=True)) == [
         "t.one", "t.two", "t.three", "t.four", "t.five"]
     assert audit_verify() == (5, None)
+
+
+def test_an_event_is_stored_exactly_as_returned_and_hashed(alice):
+    """audit_record writes with its own INSERT: every field must land as the model
+    would have stored it (actor, aware timestamp, JSON data), with the id returned."""
+    event = audit_record(actor=alice, action="request.created", object_type="request", object_id=41,
+                         request_id=41, dataset="dwd_order_items", from_state="", to_state="draft",
+                         reason="late events", data={"n": 3, "nested": {"ok": True}, "when": timedelta(hours=1)})
+    stored = AuditEvent.objects.get(pk=event.pk)
+    assert not event._state.adding
+    for field in AuditEvent._meta.concrete_fields:
+        assert getattr(stored, field.attname) == getattr(event, field.attname), field.name
+    assert stored.actor_id == alice.pk and stored.data == {"n": 3, "nested": {"ok": True}, "when": "1:00:00"}
+    assert stored.at.tzinfo is not None
+    assert audit_verify()[1] is None
