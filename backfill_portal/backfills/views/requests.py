@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from html import escape as html_escape
 
 from django.conf import settings
 from django.contrib import messages
@@ -14,7 +15,6 @@ from django.db.models.functions import Coalesce, Substr
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.utils.html import escape
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
@@ -68,6 +68,9 @@ GRID_MAX_CELLS = 2000
 RUNS_SHOWN = 25
 RECON_SHOWN_STATES = (RequestStatus.RECONCILING, RequestStatus.COMPLETED, RequestStatus.ROLLED_BACK)
 PROGRESS_SEGMENTS = ("published", "running", "queued", "failed", "skipped", "cancelled")
+# Django's Choices.values builds a new list on every access; the grid reads it for each
+# of up to 2,000 buckets (~8 ms of a 26,280-interval request's page, measured).
+INTERVAL_STATES = tuple(IntervalStatus.values)
 
 
 # --- Read helpers (selector-like) -------------------------------------------------------
@@ -106,11 +109,11 @@ def _grid(req: BackfillRequest, total: int) -> dict:
     grain = req.job.dataset.grain
     width, unit = {"hour": (10, "local day"), "day": (7, "month"), "month": (4, "year")}.get(grain, (10, "day"))
     rows = (base.annotate(bucket=Substr("partition_key", 1, width)).values("bucket")
-            .annotate(total=Count("id"), **{s: Count("id", filter=Q(status=s)) for s in IntervalStatus.values})
+            .annotate(total=Count("id"), **{s: Count("id", filter=Q(status=s)) for s in INTERVAL_STATES})
             .order_by("bucket"))
     buckets = []
     for row in rows:
-        summary = ", ".join(f"{row[s]} {s}" for s in IntervalStatus.values if row[s])
+        summary = ", ".join(f"{row[s]} {s}" for s in INTERVAL_STATES if row[s])
         buckets.append((_bucket_state(row), f"{row['bucket']}: {row['total']} intervals, {summary}"))
     return {"mode": "buckets", "count": len(buckets), "unit": unit, "html": _cells_html(buckets)}
 
@@ -118,8 +121,10 @@ def _grid(req: BackfillRequest, total: int) -> dict:
 def _cells_html(cells) -> str:
     """The grid's squares, `<li class="cell s-STATE" title="...">`, built here rather
     than in a template loop: a 26,280-interval request has up to 2,000 of them, and a
-    template loop takes ~23 ms for 1,095 of them, this ~4 (measured; both escape every value)."""
-    return mark_safe("".join(f'<li class="cell s-{escape(state)}" title="{escape(title)}"></li>'
+    template loop takes ~23 ms for 1,095 of them, this ~2 (measured; both escape every value).
+    The standard library's escape is Django's without its lazy-string wrapper, which
+    cost more than the escaping itself here; the values are plain strings."""
+    return mark_safe("".join(f'<li class="cell s-{html_escape(state)}" title="{html_escape(title)}"></li>'
                              for state, title in cells))
 
 
@@ -151,7 +156,7 @@ def _progress(req: BackfillRequest) -> dict:
 
 def _fingerprint(req: BackfillRequest, progress: dict) -> str:
     counts = progress["counts"]
-    return ".".join([req.status, "p" if req.paused else "a", *(str(counts.get(s) or 0) for s in IntervalStatus.values)])
+    return ".".join([req.status, "p" if req.paused else "a", *(str(counts.get(s) or 0) for s in INTERVAL_STATES)])
 
 
 def _live_context(req: BackfillRequest, *, page_status: str, with_grid: bool = True) -> dict:
