@@ -1,0 +1,87 @@
+"""Rows of the long tables (backfill requests, audit events), rendered in Python.
+
+In a Django template a row of these tables costs ~0.2 ms (a url tag, three date
+filters and the autoescaping of every cell): ~11 ms for a page of 50 rows, fifty
+times the page's own keyset SELECT. These filters build the same markup with the
+standard library's escape, ~20 times faster (measured in benchmarks/pages.py).
+Every value is escaped; the result is marked safe.
+
+    {% load tables %}<tbody>{{ page.rows|request_rows }}</tbody>
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from html import escape
+from urllib.parse import quote
+
+from django import template
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.text import Truncator
+
+register = template.Library()
+
+_PLACEHOLDER = 987654321  # matches the int and slug converters
+
+
+def url_filler(name: str) -> Callable[[object], str]:
+    """reverse(name, args=[value]) for many values: reversed once, then filled in."""
+    head, _, tail = reverse(name, args=[_PLACEHOLDER]).rpartition(str(_PLACEHOLDER))
+    return lambda value: f"{head}{quote(str(value), safe='')}{tail}"
+
+
+def _time(at, label_format: str, *, title: bool = False) -> str:
+    """<time> in the current timezone (UTC), as the `date` filter would show it."""
+    local = timezone.localtime(at)
+    shown = escape(local.strftime(label_format))
+    title_attr = f' title="{escape(local.strftime("%Y-%m-%d %H:%M:%S ") + (local.tzname() or ""))}"' if title else ""
+    return f'<time datetime="{escape(local.isoformat())}"{title_attr}>{shown}</time>'
+
+
+@register.filter
+def request_rows(rows: Iterable) -> SafeString:
+    """Rows of a compact request table (backfills.selectors.request_rows loads exactly
+    the columns shown); the header is backfills/partials/_request_table_head.html."""
+    detail, job_page = url_filler("request-detail"), url_filler("catalog-job")
+    out = []
+    for r in rows:
+        span = escape(r.first_partition)
+        if r.last_partition != r.first_partition:
+            span += f" → {escape(r.last_partition)}"
+        status = escape(r.status)
+        paused = ' <span class="pill pill-paused">paused</span>' if r.paused else ""
+        job = escape(r.job.name)
+        out.append(
+            f'<tr>\n  <td class="num"><a href="{escape(detail(r.pk))}">#{r.pk}</a></td>\n'
+            f'  <td><a href="{escape(job_page(r.job.name))}">{job}</a></td>\n'
+            f'  <td class="mono range">{span}</td>\n'
+            f'  <td class="num">{int(r.interval_count)}</td>\n'
+            f'  <td><span class="pill pill-{status}">{status}</span>{paused}</td>\n'
+            f'  <td>{escape(r.requested_by.username)}</td>\n'
+            f'  <td>{_time(r.requested_at, "%Y-%m-%d %H:%M", title=True)}</td>\n</tr>\n')
+    return mark_safe("".join(out))
+
+
+@register.filter
+def audit_rows(events: Iterable) -> SafeString:
+    """Rows of the audit table (core/audit.html has the header)."""
+    detail = url_filler("request-detail")
+    out = []
+    for e in events:
+        denied = ' class="row-denied"' if e.action.startswith("denied.") else ""
+        request = f'<a href="{escape(detail(e.request_id))}">#{e.request_id}</a>' if e.request_id else ""
+        change = (f"{escape(e.from_state or '∅')} → {escape(e.to_state or '∅')}"
+                  if e.from_state or e.to_state else "")
+        reason = e.reason if len(e.reason) <= 120 else Truncator(e.reason).chars(120)
+        out.append(
+            f'<tr{denied}>\n  <td class="num">{e.pk}</td>\n'
+            f'  <td>{_time(e.at, "%Y-%m-%d %H:%M:%S")}</td>\n'
+            f'  <td>{escape(e.actor_name)}</td>\n'
+            f'  <td class="mono">{escape(e.action)}</td>\n'
+            f'  <td class="mono">{escape(e.object_type)}:{escape(e.object_id)}</td>\n'
+            f'  <td>{request}</td>\n'
+            f'  <td>{escape(e.dataset)}</td>\n'
+            f'  <td class="mono">{change}</td>\n'
+            f'  <td class="clip" title="{escape(e.reason)}">{escape(reason)}</td>\n</tr>\n')
+    return mark_safe("".join(out))

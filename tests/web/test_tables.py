@@ -1,0 +1,86 @@
+"""The request and audit table rows, rendered by the `tables` template filters: every
+value escaped, links and times as the templates showed them."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+from django.urls import reverse
+
+from backfill_portal.core.templatetags.tables import audit_rows, request_rows, url_filler
+
+AT = datetime(2024, 3, 5, 7, 8, 9, tzinfo=timezone.utc)
+
+
+def request_row(**overrides):
+    row = dict(pk=42, job=SimpleNamespace(name="dwd_order_items"), first_partition="2022-10-01",
+               last_partition="2022-10-03", interval_count=3, status="running", paused=False,
+               requested_by=SimpleNamespace(username="alice"), requested_at=AT)
+    row.update(overrides)
+    return SimpleNamespace(**row)
+
+
+def event(**overrides):
+    fields = dict(pk=7, at=AT, actor_name="olivia", action="request.approved", object_type="request",
+                  object_id="42", request_id=42, dataset="dwd_order_items", from_state="pending_approval",
+                  to_state="approved", reason="looks right")
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def test_url_filler_matches_reverse():
+    detail, job = url_filler("request-detail"), url_filler("catalog-job")
+    assert detail(42) == reverse("request-detail", args=[42])
+    assert job("dwd_order_items") == reverse("catalog-job", args=["dwd_order_items"])
+
+
+def test_request_row_shows_links_range_status_and_time():
+    html = request_rows([request_row()])
+    assert f'<a href="{reverse("request-detail", args=[42])}">#42</a>' in html
+    assert f'<a href="{reverse("catalog-job", args=["dwd_order_items"])}">dwd_order_items</a>' in html
+    assert '<td class="mono range">2022-10-01 → 2022-10-03</td>' in html
+    assert '<span class="pill pill-running">running</span></td>' in html
+    assert 'pill-paused' not in html
+    assert ('<time datetime="2024-03-05T07:08:09+00:00" title="2024-03-05 07:08:09 UTC">2024-03-05 07:08</time>'
+            in html)
+
+
+def test_request_row_single_partition_and_paused():
+    html = request_rows([request_row(last_partition="2022-10-01", paused=True)])
+    assert '<td class="mono range">2022-10-01</td>' in html
+    assert '<span class="pill pill-paused">paused</span>' in html
+
+
+def test_request_row_escapes_every_value():
+    html = request_rows([request_row(first_partition="<b>", last_partition='"x"&',
+                                     requested_by=SimpleNamespace(username="<script>alert(1)</script>"),
+                                     status='a"b')])
+    assert "<script>" not in html and "<b>" not in html
+    assert "&lt;b&gt; → &quot;x&quot;&amp;" in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert 'class="pill pill-a&quot;b"' in html
+
+
+def test_audit_row_change_request_link_and_time():
+    html = audit_rows([event()])
+    assert "<tr>\n" in html  # not a denial
+    assert f'<td><a href="{reverse("request-detail", args=[42])}">#42</a></td>' in html
+    assert '<td class="mono">pending_approval → approved</td>' in html
+    assert '<time datetime="2024-03-05T07:08:09+00:00">2024-03-05 07:08:09</time>' in html
+    assert '<td class="mono">request:42</td>' in html
+
+
+def test_audit_row_denied_empty_states_no_request_and_long_reason():
+    reason = "x" * 200 + "<end>"
+    html = audit_rows([event(action="denied.request.cancel", request_id=None, from_state="", to_state="",
+                             reason=reason)])
+    assert '<tr class="row-denied">' in html
+    assert "<td></td>" in html  # no request link
+    assert '<td class="mono"></td>' in html  # no state change
+    assert f'title="{"x" * 200}&lt;end&gt;"' in html  # the full reason on hover, escaped
+    assert f'>{"x" * 119}…</td>' in html  # the cell truncated to 120 characters
+
+
+def test_audit_row_one_sided_change_shows_the_empty_state():
+    html = audit_rows([event(from_state="", to_state="draft")])
+    assert '<td class="mono">∅ → draft</td>' in html
