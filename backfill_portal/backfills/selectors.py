@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.db import connection
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
@@ -27,6 +28,26 @@ def request_rows(*, user=None, mine: bool = False) -> QuerySet[BackfillRequest]:
     if mine and user is not None:
         qs = qs.filter(requested_by=user)
     return qs
+
+
+def interval_buckets(request: BackfillRequest, *, key_prefix: int) -> list[tuple[str, dict[str, int]]]:
+    """The request's intervals counted by status per bucket, a bucket being the first
+    `key_prefix` characters of the partition key (a local day of hourly partitions, a
+    month of daily ones), in key order: [(bucket, {status: count})].
+
+    One GROUP BY read through a plain cursor: a 26,280-interval request gives ~1,100
+    rows, and the ORM's values() with a converter per column took longer than the query."""
+    table, qn = Interval._meta.db_table, connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT SUBSTR({qn('partition_key')}, 1, %s), {qn('status')}, COUNT(*) FROM {qn(table)} "
+                       f"WHERE {qn('request_id')} = %s GROUP BY 1, 2 ORDER BY 1", [key_prefix, request.pk])
+        rows = cursor.fetchall()
+    buckets: list[tuple[str, dict[str, int]]] = []
+    for bucket, status, n in rows:
+        if not buckets or buckets[-1][0] != bucket:
+            buckets.append((bucket, {}))
+        buckets[-1][1][status] = n
+    return buckets
 
 
 def request_progress(request: BackfillRequest) -> dict[str, int]:

@@ -257,3 +257,18 @@ def test_grid_cells_built_in_python_escape_what_they_show():
 
     assert html == ('<li class="cell s-published" title="job&lt;x&gt; &quot;2022-10-01&quot; &amp; more"></li>'
                     '<li class="cell s-a&quot;b" title="t"></li>')
+
+
+def test_day_cells_take_the_state_that_needs_attention(web, make_request):
+    req = make_request("pending", job="page_views_hourly", start="2022-10-01T00:00-04:00",
+                       end="2023-01-31T23:00-05:00")
+    day = Interval.objects.filter(request=req, partition_key__startswith="2022-10-02").order_by("position")
+    Interval.objects.filter(pk__in=[i.pk for i in day[:20]]).update(status="published")
+    Interval.objects.filter(pk=day[20].pk).update(status="failed")
+    Interval.objects.filter(request=req, partition_key__startswith="2022-10-03").update(status="published")
+    Interval.objects.filter(request=req, partition_key__startswith="2022-10-04T0").update(status="published")
+    html = web("alice").get(detail(req)).content.decode()
+    assert '<li class="cell s-failed" title="2022-10-02: 24 intervals, 3 planned, 20 published, 1 failed">' in html
+    assert '<li class="cell s-published" title="2022-10-03: 24 intervals, 24 published">' in html
+    assert '<li class="cell s-partial" title="2022-10-04: 24 intervals, 14 planned, 10 published">' in html
+    assert '<li class="cell s-planned" title="2022-10-05: 24 intervals, 24 planned">' in html

@@ -10,8 +10,8 @@ from html import escape as html_escape
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, IntegerField, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce, Substr
+from django.db.models import Count, IntegerField, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -30,7 +30,7 @@ from backfill_portal.backfills.forms import (
 )
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
 from backfill_portal.backfills.planning import dst_notes, plan_intervals
-from backfill_portal.backfills.selectors import request_progress, request_rows
+from backfill_portal.backfills.selectors import interval_buckets, request_progress, request_rows
 from backfill_portal.backfills.services.requests import (
     NodeAction,
     approval_plan,
@@ -108,13 +108,11 @@ def _grid(req: BackfillRequest, total: int) -> dict:
             (status, f"{key}: {status}") for key, status in cells)}
     grain = req.job.dataset.grain
     width, unit = {"hour": (10, "local day"), "day": (7, "month"), "month": (4, "year")}.get(grain, (10, "day"))
-    rows = (base.annotate(bucket=Substr("partition_key", 1, width)).values("bucket")
-            .annotate(total=Count("id"), **{s: Count("id", filter=Q(status=s)) for s in INTERVAL_STATES})
-            .order_by("bucket"))
     buckets = []
-    for row in rows:
-        summary = ", ".join(f"{row[s]} {s}" for s in INTERVAL_STATES if row[s])
-        buckets.append((_bucket_state(row), f"{row['bucket']}: {row['total']} intervals, {summary}"))
+    for bucket, counts in interval_buckets(req, key_prefix=width):
+        total = sum(counts.values())
+        summary = ", ".join(f"{counts[s]} {s}" for s in INTERVAL_STATES if counts.get(s))
+        buckets.append((_bucket_state(counts, total), f"{bucket}: {total} intervals, {summary}"))
     return {"mode": "buckets", "count": len(buckets), "unit": unit, "html": _cells_html(buckets)}
 
 
@@ -128,17 +126,17 @@ def _cells_html(cells) -> str:
                              for state, title in cells))
 
 
-def _bucket_state(row: dict) -> str:
+def _bucket_state(counts: dict[str, int], total: int) -> str:
     """The state that most needs attention colours the bucket."""
     for state in ("failed", "running", "queued"):
-        if row[state]:
+        if counts.get(state):
             return state
-    if row["published"] == row["total"]:
+    if counts.get("published", 0) == total:
         return "published"
-    if row["planned"]:
-        return "partial" if row["published"] else "planned"
+    if counts.get("planned"):
+        return "partial" if counts.get("published") else "planned"
     for state in ("cancelled", "skipped"):
-        if row[state]:
+        if counts.get(state):
             return state
     return "planned"
 
