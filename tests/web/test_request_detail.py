@@ -272,3 +272,6 @@ def test_day_cells_take_the_state_that_needs_attention(web, make_request):
     assert '<li class="cell s-published" title="2022-10-03: 24 intervals, 24 published">' in html
     assert '<li class="cell s-partial" title="2022-10-04: 24 intervals, 14 planned, 10 published">' in html
     assert '<li class="cell s-planned" title="2022-10-05: 24 intervals, 24 planned">' in html
+    # The progress bar is counted from the same GROUP BY as the cells.
+    total = req.interval_count
+    assert f'aria-label="54 of {total} intervals done; 54 published; 1 failed"' in html

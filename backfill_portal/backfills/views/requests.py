@@ -106,10 +106,19 @@ def _grid(req: BackfillRequest, total: int) -> dict:
             cells = list(base.order_by("job_id", "position").values_list("partition_key", "status"))
         return {"mode": "cells", "count": len(cells), "html": _cells_html(
             (status, f"{key}: {status}") for key, status in cells)}
-    grain = req.job.dataset.grain
-    width, unit = {"hour": (10, "local day"), "day": (7, "month"), "month": (4, "year")}.get(grain, (10, "day"))
+    return _bucket_grid(req, interval_buckets(req, key_prefix=_bucket_unit(req)[0]))
+
+
+def _bucket_unit(req: BackfillRequest) -> tuple[int, str]:
+    """(partition-key prefix, what it names) of one grid cell above GRID_MAX_CELLS."""
+    return {"hour": (10, "local day"), "day": (7, "month"), "month": (4, "year")}.get(req.job.dataset.grain,
+                                                                                       (10, "day"))
+
+
+def _bucket_grid(req: BackfillRequest, rows: list[tuple[str, dict[str, int]]]) -> dict:
+    unit = _bucket_unit(req)[1]
     buckets = []
-    for bucket, counts in interval_buckets(req, key_prefix=width):
+    for bucket, counts in rows:
         total = sum(counts.values())
         summary = ", ".join(f"{counts[s]} {s}" for s in INTERVAL_STATES if counts.get(s))
         buckets.append((_bucket_state(counts, total), f"{bucket}: {total} intervals, {summary}"))
@@ -141,8 +150,9 @@ def _bucket_state(counts: dict[str, int], total: int) -> str:
     return "planned"
 
 
-def _progress(req: BackfillRequest) -> dict:
-    counts = request_progress(req)  # one aggregate query
+def _progress(req: BackfillRequest, counts: dict[str, int] | None = None) -> dict:
+    """Progress bar segments from the counts by status (one aggregate query unless given)."""
+    counts = request_progress(req) if counts is None else counts
     total = counts.get("total") or 0
     segments = []
     for name in PROGRESS_SEGMENTS:
@@ -158,9 +168,21 @@ def _fingerprint(req: BackfillRequest, progress: dict) -> str:
 
 
 def _live_context(req: BackfillRequest, *, page_status: str, with_grid: bool = True) -> dict:
-    progress = _progress(req)
+    if with_grid and not req.node_actions and req.interval_count > GRID_MAX_CELLS:
+        # A large single-job request: one GROUP BY (cell, status) feeds both the grid and
+        # the progress bar, instead of a second pass over every interval.
+        rows = interval_buckets(req, key_prefix=_bucket_unit(req)[0])
+        counts = dict.fromkeys(INTERVAL_STATES, 0)
+        for _bucket, by_status in rows:
+            for status, n in by_status.items():
+                counts[status] = counts.get(status, 0) + n
+        counts["total"] = sum(counts.values())
+        progress, grid = _progress(req, counts), _bucket_grid(req, rows)
+    else:
+        progress = _progress(req)
+        grid = _grid(req, progress["total"]) if with_grid else None
     return {
-        "req": req, "progress": progress, "grid": _grid(req, progress["total"]) if with_grid else None,
+        "req": req, "progress": progress, "grid": grid,
         "polling": req.status not in LIVE_FINAL, "page_status": page_status,
         "status_changed": page_status != req.status, "fingerprint": _fingerprint(req, progress),
     }
