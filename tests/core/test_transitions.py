@@ -1,0 +1,46 @@
+"""apply_transition's conditional update: the columns land as the model would store
+them, and a row that moved on meanwhile is a conflict that changes nothing."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from backfill_portal.backfills.choices import RequestStatus
+from backfill_portal.backfills.models import BackfillRequest
+from backfill_portal.backfills.services.requests import backfill_request_create
+from backfill_portal.backfills.transitions import request_transition
+from backfill_portal.core.errors import ConflictError
+from backfill_portal.core.models import AuditEvent
+
+pytestmark = pytest.mark.django_db
+
+AT = datetime(2024, 3, 5, 7, 8, 9, 123456, tzinfo=timezone.utc)
+
+
+def test_a_transition_stores_foreign_keys_json_and_times_and_audits_once(alice, catalog):
+    request, _ = backfill_request_create(actor=alice, job="dwd_order_items", start="2022-10-01", end="2022-10-02",
+                                         reason="late events")
+    loaded = BackfillRequest.objects.select_related("job__dataset", "job__current_code_version").get(pk=request.pk)
+    version = loaded.job.current_code_version
+    request_transition(loaded, to=RequestStatus.PENDING_APPROVAL, actor=alice,
+                       updates={"code_version": version, "submitted_at": AT, "overlaps": [3, 5]})
+    stored = BackfillRequest.objects.get(pk=request.pk)
+    assert (stored.status, stored.code_version_id, stored.submitted_at, stored.overlaps) == (
+        RequestStatus.PENDING_APPROVAL, version.pk, AT, [3, 5])
+    assert loaded.status == RequestStatus.PENDING_APPROVAL and loaded.overlaps == [3, 5]
+    assert AuditEvent.objects.filter(request_id=request.pk, to_state=RequestStatus.PENDING_APPROVAL).count() == 1
+
+
+def test_a_row_that_moved_on_is_a_conflict_and_nothing_changes(alice, catalog):
+    request, _ = backfill_request_create(actor=alice, job="dwd_order_items", start="2022-10-01", end="2022-10-02",
+                                         reason="late events")
+    stale = BackfillRequest.objects.select_related("job__dataset").get(pk=request.pk)
+    fresh = BackfillRequest.objects.select_related("job__dataset").get(pk=request.pk)
+    request_transition(fresh, to=RequestStatus.CANCELLED, actor=alice)
+    events = AuditEvent.objects.count()
+    with pytest.raises(ConflictError):
+        request_transition(stale, to=RequestStatus.PENDING_APPROVAL, actor=alice, updates={"submitted_at": AT})
+    stored = BackfillRequest.objects.get(pk=request.pk)
+    assert stored.status == RequestStatus.CANCELLED and stored.submitted_at is None
+    assert AuditEvent.objects.count() == events
