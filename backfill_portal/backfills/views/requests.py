@@ -162,22 +162,29 @@ def _progress(req: BackfillRequest, counts: dict[str, int] | None = None) -> dic
             "done": (counts.get("published") or 0) + (counts.get("skipped") or 0)}
 
 
+def _status_counts(rows: list[tuple[str, dict[str, int]]]) -> dict[str, int]:
+    """What request_progress returns (a count per state, and the total), summed from
+    interval_buckets rows."""
+    counts = dict.fromkeys(INTERVAL_STATES, 0)
+    for _bucket, by_status in rows:
+        for status, n in by_status.items():
+            counts[status] = counts.get(status, 0) + n
+    counts["total"] = sum(counts.values())
+    return counts
+
+
 def _fingerprint(req: BackfillRequest, progress: dict) -> str:
     counts = progress["counts"]
     return ".".join([req.status, "p" if req.paused else "a", *(str(counts.get(s) or 0) for s in INTERVAL_STATES)])
 
 
 def _live_context(req: BackfillRequest, *, page_status: str, with_grid: bool = True) -> dict:
-    if with_grid and not req.node_actions and req.interval_count > GRID_MAX_CELLS:
-        # A large single-job request: one GROUP BY (cell, status) feeds both the grid and
-        # the progress bar, instead of a second pass over every interval.
+    if with_grid and req.interval_count > GRID_MAX_CELLS:
+        # The target's own intervals are already too many for one cell each (cascaded
+        # ones only add to them): one GROUP BY (cell, status) feeds both the grid and the
+        # progress bar, instead of a second pass over every interval.
         rows = interval_buckets(req, key_prefix=_bucket_unit(req)[0])
-        counts = dict.fromkeys(INTERVAL_STATES, 0)
-        for _bucket, by_status in rows:
-            for status, n in by_status.items():
-                counts[status] = counts.get(status, 0) + n
-        counts["total"] = sum(counts.values())
-        progress, grid = _progress(req, counts), _bucket_grid(req, rows)
+        progress, grid = _progress(req, _status_counts(rows)), _bucket_grid(req, rows)
     else:
         progress = _progress(req)
         grid = _grid(req, progress["total"]) if with_grid else None

@@ -19,10 +19,11 @@ from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.transitions import interval_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
+from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import CheckResult, Run
-from backfill_portal.execution.services.dispatch import dispatch_request
+from backfill_portal.execution.services.dispatch import dispatch_request, enqueue_execute
 from backfill_portal.execution.services.runs import _interval_failed, run_get
 from backfill_portal.execution.transitions import run_transition
 from backfill_portal.warehouse.adapter import PublishConflict
@@ -288,9 +289,6 @@ def second_rerun_start(run: Run) -> Run:
     """Create the verification run of `run` (inside the caller's transaction): same job,
     interval and code version, the same pinned inputs (its Consumption rows are copied
     before it executes, and pin_inputs reuses existing rows), then queue it."""
-    from backfill_portal.core.services.audit import audit_record
-    from backfill_portal.execution.services.dispatch import enqueue_execute
-
     existing = Run.objects.filter(interval_id=run.interval_id, run_type=RunType.VERIFICATION, pk__gt=run.pk).first()
     if existing is not None:
         return existing
