@@ -25,7 +25,7 @@ import time
 from collections import deque
 from datetime import date
 
-from _setup import ROOT, alternately, scratch_django
+from _setup import ROOT, scratch_django
 
 ORDERS = int(os.environ.get("ORDERS_PER_DAY", "12000"))
 FIRST, LAST = date(2022, 9, 1), date(2022, 11, 29)
@@ -69,6 +69,19 @@ db.execute(f'CREATE TABLE IF NOT EXISTS direct_dwd_order_items AS SELECT {column
 # the loop's DELETE scans every earlier partition and the baseline looks slower than
 # the SQL it stands for.
 db.execute("CREATE INDEX IF NOT EXISTS direct_dwd_order_items_ds ON direct_dwd_order_items (ds)")
+
+
+def settle() -> None:
+    """Before each timed phase, on PostgreSQL: vacuum both sides' tables and checkpoint,
+    with autovacuum off for those two tables, so that background maintenance (the
+    vacuum of the loop's deleted rows, a checkpoint's page writes) is done between the
+    phases instead of landing on whichever side happens to be running."""
+    if db.dialect != "postgresql":
+        return
+    for table in ("direct_dwd_order_items", "dwd_order_items__versions"):
+        db.execute(f'ALTER TABLE "{table}" SET (autovacuum_enabled = false)')
+        db.execute(f'VACUUM (ANALYZE) "{table}"')
+    db.execute("CHECKPOINT")
 
 
 class Interval:
@@ -212,7 +225,12 @@ def portal_on_worker() -> float:
 
 direct()  # warm caches for both (first reads of the source pages)
 rounds = int(os.environ.get("ROUNDS", "3"))
-direct_times, portal_times = alternately(direct, portal, rounds)
+direct_times, portal_times = [], []
+for _ in range(rounds):  # interleaved, so that machine load hits both alike
+    settle()
+    direct_times.append(direct())
+    settle()
+    portal_times.append(portal())
 d, p = statistics.median(direct_times), statistics.median(portal_times)
 per_sql = d / 90 * 1000
 overhead = (p - d) / 90 * 1000
@@ -272,9 +290,11 @@ worker = start_worker()
 try:
     direct_w, worker_times, direct_cpu, worker_cpu = [], [], [], []
     for _ in range(rounds):
+        settle()
         elapsed, cpu = cpu_during(direct)
         direct_w.append(elapsed)
         direct_cpu.append(cpu)
+        settle()
         elapsed, cpu = cpu_during(portal_on_worker)
         worker_times.append(elapsed)
         worker_cpu.append(cpu)
@@ -292,6 +312,7 @@ if worker_cpu[0]:
           f"together {busy:.0%} of {os.cpu_count()} cores (kernel time for their sockets not included)")
 print(f"on a real worker ({WORKERS} processes, {BROKER.split(':')[0]} broker, request max 8 active intervals): "
       f"direct SQL loop {dw:.2f}s; portal {w:.2f}s; overhead {(w - dw) / 90 * 1000:.1f} ms per interval "
-      f"({rounds} rounds, medians)")
+      f"({rounds} rounds, medians; each round's: "
+      f"{', '.join(f'{(p - d) / 90 * 1000:.1f}' for d, p in zip(direct_w, worker_times))} ms)")
 print(f"ratio: {w / dw:.2f} (portal backfill on a real Celery worker / direct SQL loop, 90 daily intervals "
       "of dwd_order_items)")

@@ -67,21 +67,29 @@ def upstreams_of(job: Job) -> list[Dataset]:
 def pin_inputs(run: Run, warehouse: Warehouse) -> PinnedInputs:
     """Pin each upstream's current published versions at run start, once per run."""
     job = run.job
-    existing = list(Consumption.objects.filter(run=run).select_related("dataset", "version__run"))
+    # Plain columns: a first attempt finds none, and joining the datasets and the
+    # versions' runs here cost more to compile than the whole query takes to run.
+    existing = list(Consumption.objects.filter(run=run).order_by().values_list("dataset_id", "partition_key",
+                                                                                "version_id"))
     pins = PinnedInputs()
     upstreams = upstreams_of(job)
     needs_previous = job.depends_on_past
     if existing:
-        for c in existing:
-            if c.dataset.is_source:
-                pins.sources.add(c.dataset.name)
-            elif c.dataset_id == job.dataset_id:
-                if c.version_id:
-                    pins.previous[c.partition_key] = c.version.run.run_id
-            elif c.version_id:
-                pins.versions.setdefault(c.dataset.name, {})[c.partition_key] = c.version.run.run_id
+        datasets = {d.pk: d for d in (*upstreams, job.dataset)}
+        datasets.update(Dataset.objects.in_bulk({pk for pk, _, _ in existing} - datasets.keys()))
+        run_ids = dict(Version.objects.filter(pk__in=[v for _, _, v in existing if v]).order_by()
+                       .values_list("pk", "run__run_id"))
+        for dataset_id, partition_key, version_id in existing:
+            dataset = datasets[dataset_id]
+            if dataset.is_source:
+                pins.sources.add(dataset.name)
+            elif dataset_id == job.dataset_id:
+                if version_id:
+                    pins.previous[partition_key] = run_ids[version_id]
+            elif version_id:
+                pins.versions.setdefault(dataset.name, {})[partition_key] = run_ids[version_id]
             else:
-                pins.versions.setdefault(c.dataset.name, {})
+                pins.versions.setdefault(dataset.name, {})
         for up in upstreams:
             if not up.is_source:
                 pins.versions.setdefault(up.name, {})

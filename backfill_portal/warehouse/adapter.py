@@ -511,16 +511,6 @@ class Warehouse:
         self._ensure_meta_once()
         return self._marker(run_id)
 
-    def discard_uncommitted(self, *, spec: DatasetSpec, run_id: str) -> int:
-        """Delete the rows of a run that has no marker (a dead attempt's partial
-        output); return how many. A committed run is never touched: 0."""
-        self._ensure_dataset_once(spec)
-        with self.db.transaction():
-            self._lock(f"run:{run_id}")
-            if self._marker(run_id) is not None:
-                return 0
-            return self.db.execute(f'DELETE FROM {_quote(spec.versions_table)} WHERE "_run_id" = ?', (run_id,))
-
     # -- verification -----------------------------------------------------------------
 
     def profile(self, *, spec: DatasetSpec, run_id: str) -> Profile:

@@ -60,3 +60,14 @@ def test_committed_but_not_sent_is_sent_once_by_the_sweeper(broker):
     assert sent == [("execution.verify_run", ["run_c"], {}, queue.PRODUCTION_QUEUE)]
     assert queue.outbox_resend(older_than_seconds=0) == 0
     assert len(sent) == 1
+
+
+def test_a_second_send_keeps_the_first_stamp(broker):
+    sent, _ = broker
+    with transaction.atomic():
+        row = queue.enqueue("execution.execute_run", "run_d")
+    first = TaskOutbox.objects.get(pk=row.pk).sent_at
+    assert first is not None
+    assert queue.send(row)
+    assert len(sent) == 2  # a duplicate delivery, which tasks tolerate
+    assert TaskOutbox.objects.get(pk=row.pk).sent_at == first

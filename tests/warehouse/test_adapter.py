@@ -198,7 +198,6 @@ def test_crash_mid_stage_leaves_no_rows_and_no_marker_and_the_retry_publishes_ex
     # ...and none of them, nor a marker, survived it.
     assert count_version_rows(wh, "run-1") == 0
     assert wh.marker("run-1") is None
-    assert wh.discard_uncommitted(spec=ORDERS, run_id="run-1") == 0
 
     marker = stage(wh, "run-1", rows, attempt_no=2, chunk_size=100)
     publish(wh, "run-1", None)
@@ -282,17 +281,6 @@ def test_staging_clears_rows_a_dead_attempt_left_outside_a_transaction(wh):
 
     assert marker.row_count == 10 == count_version_rows(wh, "run-1")
     assert "stale" not in {row[0] for row in version_rows(wh, "run-1")}
-
-
-def test_discard_uncommitted_removes_a_dead_attempts_rows_but_never_a_committed_version(wh):
-    wh.ensure_dataset(ORDERS)
-    wh.db.executemany(PARTIAL_ROW_INSERT, [(f"o{i}", 0, "run-dead", DAY, 1) for i in range(7)])
-    stage(wh, "run-done", order_rows(20))
-
-    assert wh.discard_uncommitted(spec=ORDERS, run_id="run-dead") == 7
-    assert wh.discard_uncommitted(spec=ORDERS, run_id="run-done") == 0
-    assert count_version_rows(wh, "run-dead") == 0
-    assert count_version_rows(wh, "run-done") == 20
 
 
 def test_stage_select_writes_the_select_output_as_the_runs_version(wh):

@@ -9,6 +9,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from backfill_portal.core.models import AuditEvent
+from backfill_portal.core.rows import insert_row
 
 GENESIS_HASH = "0" * 64
 # Any constant works; it only has to be the same for every writer.
@@ -86,27 +87,11 @@ def audit_record(
     return event
 
 
-@functools.lru_cache(maxsize=4)
-def _insert_statement(vendor: str) -> tuple[str, tuple]:
-    fields = tuple(f for f in AuditEvent._meta.concrete_fields if not f.primary_key)
-    quote = connection.ops.quote_name
-    sql = (f"INSERT INTO {quote(AuditEvent._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-           f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {quote(AuditEvent._meta.pk.column)}")
-    return sql, fields
-
-
 def _insert(event: AuditEvent) -> None:
-    """Insert a new event (never an update: the log is append-only). One statement
-    whose text is built once per process: the ORM compiles the same INSERT again for
-    every event, a dozen per backfill interval, which was a third of this function's
-    CPU. Values are prepared by the model's own fields, as `save()` would."""
-    sql, fields = _insert_statement(connection.vendor)
-    params = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        event.pk = cursor.fetchone()[0]
-    event._state.adding = False
-    event._state.db = connection.alias
+    """Insert a new event (never an update: the log is append-only), with a statement
+    built once per process (the ORM compiled it again for every event, a dozen per
+    backfill interval)."""
+    insert_row(event)
 
 
 def _chain_head() -> str:

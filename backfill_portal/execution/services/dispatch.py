@@ -19,6 +19,7 @@ from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ConflictError, NotFound
 from backfill_portal.core.roles import Role, deny, has_role
+from backfill_portal.core.rows import insert_row
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import Attempt, Run
@@ -214,23 +215,24 @@ def dispatch_request(*, request_id: int) -> int:
                 interval.request = request
                 job = jobs[interval.job_id]
                 interval_transition(interval, to=I.QUEUED)
-                run = Run.objects.create(
+                run = insert_row(Run(
                     job=job, run_type=RunType.BACKFILL, request=request, interval=interval,
                     partition_key=interval.partition_key, data_interval_start=interval.start,
                     data_interval_end=interval.end, code_version_id=interval.code_version_id,
                     enqueued_at=timezone.now(),
-                )
+                ))
                 audit_record(actor=None, action="run.created", object_type="run", object_id=run.pk,
                              request_id=request.pk, dataset=job.dataset.name, to_state=RunStatus.QUEUED,
                              data={"run_id": run.run_id, "partition": run.partition_key, "run_type": run.run_type,
                                    "code_version": run.code_version_id})
                 enqueue_execute(run, stamped=True)
                 created += 1
-        request_check_done(request, progressed=created > 0)
+        if not created:  # what it queued is work left
+            request_check_done(request)
     return created
 
 
-def request_check_done(request: BackfillRequest, *, progressed: bool = False) -> None:
+def request_check_done(request: BackfillRequest) -> None:
     """No work left: reconciling when nothing failed, failed otherwise. Planned
     intervals blocked behind a failed upstream count as no work left."""
     if request.status != R.RUNNING:
@@ -239,7 +241,7 @@ def request_check_done(request: BackfillRequest, *, progressed: bool = False) ->
     if intervals.filter(status__in=[I.QUEUED, I.RUNNING]).exists():
         return
     failed = intervals.filter(status=I.FAILED).count()
-    if intervals.filter(status=I.PLANNED).exists() and (progressed or not failed or not _all_planned_blocked(request)):
+    if intervals.filter(status=I.PLANNED).exists() and (not failed or not _all_planned_blocked(request)):
         return
     if failed:
         request_transition(request, to=R.FAILED, actor=None, action="request.failed",

@@ -19,6 +19,7 @@ from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.transitions import interval_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
+from backfill_portal.core.rows import insert_row
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
@@ -232,13 +233,16 @@ def _publish(run: Run, *, actor, current=_UNREAD) -> str:
         with transaction.atomic():
             version = Version.objects.get(run=run)
             previous_version = Version.objects.filter(run__run_id=expected).select_related("run").first() if expected else None
+            if previous_version is not None:
+                # The same dataset's version, so the same job's (a dataset has one job).
+                previous_version.run.job = run.job
             if previous_version is not None and previous_version.run.status == S.PUBLISHED:
                 run_transition(previous_version.run, to=S.SUPERSEDED, reason=f"superseded by {run.run_id}")
             run_transition(run, to=S.PUBLISHED, actor=actor, updates={"finished_at": timezone.now()},
                            data={"previous": expected, "row_count": version.row_count})
-            Publication.objects.create(dataset=dataset, partition_key=run.partition_key, version=version,
-                                       previous_version=previous_version, action=Publication.Action.PUBLISH,
-                                       actor=actor, request=run.request, published_at=timezone.now())
+            insert_row(Publication(dataset=dataset, partition_key=run.partition_key, version=version,
+                                   previous_version=previous_version, action=Publication.Action.PUBLISH,
+                                   actor=actor, request=run.request, published_at=timezone.now()))
             if run.interval_id:
                 run.interval.request = run.request
                 interval_transition(run.interval, to=I.PUBLISHED, data={"run_id": run.run_id})
