@@ -107,9 +107,9 @@ TEMPLATES = [
 
 def _database(url: str) -> dict:
     try:
-        # Connections persist between requests and tasks (Celery closes them after each
-        # task otherwise: a new PostgreSQL backend, three times per interval), checked
-        # before reuse so a server restart costs a reconnect, not an error.
+        # Connections persist between requests and tasks (for tasks see
+        # CELERY_DB_REUSE_MAX), checked before reuse so a server restart costs a
+        # reconnect, not an error.
         config = dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 300),
                                        conn_health_checks=True)
     except Exception as exc:  # dj_database_url raises bare ValueError/KeyError
@@ -223,6 +223,13 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+# Celery's Django fixup closes every database connection before and after each task
+# unless told to reuse them, whatever CONN_MAX_AGE says: a new PostgreSQL backend per
+# task (two per backfill interval), with cold catalog caches and no statement run often
+# enough on one connection to be prepared. It now closes them every this many tasks;
+# around each task backfill_portal.celery applies Django's own policy instead
+# (CONN_MAX_AGE, health checks), as Django does around each request.
+CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TASK_DEFAULT_QUEUE = "backfill"
 CELERY_TASK_ROUTES = {

@@ -10,6 +10,10 @@ Two comparisons, each interleaved with the direct loop:
    processes, default 2 as `make run` starts), timed from filing the request until it
    reaches reconciling, with the CPU each side used (from /proc, on Linux).
 
+Before each timed phase, on PostgreSQL, both sides' tables are vacuumed and analysed
+and a checkpoint is taken (settle()), so that neither side pays for the other's
+maintenance nor runs on a bloated table.
+
 Prints the per-interval overhead in ms and, last, the ratio (the worker's when it
 ran). Target: ratio <= 1.2 when each interval's SQL takes 50 ms or more; overhead
 < 10 ms per interval on PostgreSQL + Redis. Scale with ORDERS_PER_DAY (default 12000).
