@@ -1,9 +1,10 @@
-"""Fixed statements for the few writes every backfill interval repeats many times.
+"""A fixed INSERT for the rows every backfill interval writes many times.
 
-The ORM compiles an INSERT or UPDATE anew on every call; for the audit events and the
-outbox rows (over a dozen per interval) that compilation was most of their CPU. These
-build each statement's text once per process and let the model's own fields prepare
-the values, as `save()` and `update()` would.
+The ORM compiles an INSERT anew on every `save()`; for the audit events, outbox rows,
+runs, attempts and publications (some twenty per interval) that compilation was most
+of their CPU. `insert_row` builds each model's statement text once per process and
+lets the model's own fields prepare the values, as `save()` would. It sends no
+signals: none of these models has receivers.
 """
 from __future__ import annotations
 
