@@ -1,10 +1,11 @@
-"""A fixed INSERT for the rows every backfill interval writes many times.
+"""Fixed statements for the writes every backfill interval repeats many times.
 
-The ORM compiles an INSERT anew on every `save()`; for the audit events, outbox rows,
-runs, attempts and publications (some twenty per interval) that compilation was most
-of their CPU. `insert_row` builds each model's statement text once per process and
-lets the model's own fields prepare the values, as `save()` would. It sends no
-signals: none of these models has receivers.
+The ORM compiles an INSERT or UPDATE anew on every call; for the audit events, outbox
+rows, runs, attempts and publications it inserts, and the state claims and outbox
+stamps it updates (some thirty per interval), that compilation was most of their CPU.
+These build each statement's text once per process (per model and set of columns) and
+let the model's own fields prepare the values, as `save()` and `update()` would. They
+send no signals: none of these models has receivers.
 """
 from __future__ import annotations
 
@@ -33,3 +34,33 @@ def insert_row(instance: models.Model) -> models.Model:
     instance._state.adding = False
     instance._state.db = connection.alias
     return instance
+
+
+def update_row(model: type[models.Model], pk, values: dict, *, where: dict) -> int:
+    """UPDATE row `pk` of `model` to `values` only while its columns still hold `where`
+    (None: IS NULL); returns the rows changed, 0 when the row moved on. A model
+    instance given for a foreign key stands for its key, as in update()."""
+    meta = model._meta
+    params = [_prepared(meta.get_field(name), value) for name, value in values.items()]
+    params.append(meta.pk.get_db_prep_value(pk, connection))
+    params += [_prepared(meta.get_field(name), value) for name, value in where.items() if value is not None]
+    conditions = tuple((name, where[name] is None) for name in where)
+    with connection.cursor() as cursor:
+        cursor.execute(_update_statement(model, tuple(values), conditions, connection.vendor), params)
+        return cursor.rowcount
+
+
+def _prepared(field: models.Field, value):
+    if hasattr(value, "prepare_database_save"):  # a model instance for a foreign key
+        value = value.prepare_database_save(field)
+    return field.get_db_prep_save(value, connection)
+
+
+@functools.lru_cache(maxsize=256)
+def _update_statement(model: type[models.Model], names: tuple[str, ...], conditions: tuple[tuple[str, bool], ...],
+                      vendor: str) -> str:
+    meta, quote = model._meta, connection.ops.quote_name
+    sets = ", ".join(f"{quote(meta.get_field(name).column)} = %s" for name in names)
+    wheres = [f"{quote(meta.pk.column)} = %s"] + [
+        f"{quote(meta.get_field(name).column)} {'IS NULL' if is_null else '= %s'}" for name, is_null in conditions]
+    return f"UPDATE {quote(meta.db_table)} SET {sets} WHERE {' AND '.join(wheres)}"

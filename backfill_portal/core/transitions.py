@@ -7,12 +7,12 @@ all in one transaction.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 
-from django.db import connection, models, transaction
+from django.db import models, transaction
 
 from backfill_portal.core.errors import ConflictError
+from backfill_portal.core.rows import update_row
 from backfill_portal.core.services.audit import audit_record
 
 
@@ -42,7 +42,9 @@ def apply_transition(
     # raised after the block and a caller may catch it and go on. Savepoints were a
     # third of the metadata statements per interval (SAVEPOINT + RELEASE, twice each).
     with transaction.atomic(savepoint=False):
-        claimed = _claim(instance, current=current, to=to, updates=updates)
+        # One fixed statement per model and set of columns: a backfill interval makes
+        # ~10 transitions, and the ORM compiled the same UPDATE for each.
+        claimed = update_row(type(instance), instance.pk, {"status": to, **updates}, where={"status": current})
         if claimed == 1:
             audit_record(
                 actor=actor,
@@ -65,32 +67,3 @@ def apply_transition(
     for key, value in updates.items():
         setattr(instance, key, value)
     return instance
-
-
-def _claim(instance: models.Model, *, current: str, to: str, updates: dict) -> int:
-    """UPDATE the row to `to` (with `updates`) only if it is still `current`; returns
-    the rows changed. One statement whose text is built once per model and set of
-    columns: a backfill interval makes ~10 transitions, and the ORM compiled the same
-    UPDATE for each. Values are prepared by the model's own fields, as update() would."""
-    model = type(instance)
-    meta = model._meta
-    names = ("status", *updates)
-    values = (to, *updates.values())
-    params = []
-    for name, value in zip(names, values):
-        field = meta.get_field(name)
-        if hasattr(value, "prepare_database_save"):  # a model instance for a foreign key
-            value = value.prepare_database_save(field)
-        params.append(field.get_db_prep_save(value, connection))
-    params += [meta.pk.get_db_prep_value(instance.pk, connection), current]
-    with connection.cursor() as cursor:
-        cursor.execute(_claim_statement(model, names, connection.vendor), params)
-        return cursor.rowcount
-
-
-@functools.lru_cache(maxsize=256)
-def _claim_statement(model: type[models.Model], names: tuple[str, ...], vendor: str) -> str:
-    meta, quote = model._meta, connection.ops.quote_name
-    sets = ", ".join(f"{quote(meta.get_field(name).column)} = %s" for name in names)
-    return (f"UPDATE {quote(meta.db_table)} SET {sets} "
-            f"WHERE {quote(meta.pk.column)} = %s AND {quote(meta.get_field('status').column)} = %s")

@@ -6,14 +6,13 @@ sweeper re-sends it. Tasks re-read state, so a duplicate send is harmless.
 """
 from __future__ import annotations
 
-import functools
 import logging
 from datetime import timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from backfill_portal.core.rows import insert_row
+from backfill_portal.core.rows import insert_row, update_row
 from backfill_portal.execution.models import TaskOutbox
 
 logger = logging.getLogger(__name__)
@@ -43,17 +42,8 @@ def send(row: TaskOutbox) -> bool:
     except Exception:  # broker down: the sweeper tries again
         logger.exception("could not send %s %s; the sweeper will retry", row.task, row.args)
         return False
-    with connection.cursor() as cursor:
-        cursor.execute(_stamp_statement(connection.vendor), [timezone.now(), row.pk])
+    update_row(TaskOutbox, row.pk, {"sent_at": timezone.now()}, where={"sent_at": None})
     return True
-
-
-@functools.lru_cache(maxsize=4)
-def _stamp_statement(vendor: str) -> str:
-    """Mark a row sent, if nothing did yet: fixed text, as it runs for every task sent."""
-    meta, quote = TaskOutbox._meta, connection.ops.quote_name
-    sent_at = quote(meta.get_field("sent_at").column)
-    return f"UPDATE {quote(meta.db_table)} SET {sent_at} = %s WHERE {quote(meta.pk.column)} = %s AND {sent_at} IS NULL"
 
 
 def outbox_resend(*, older_than_seconds: int = 30) -> int:

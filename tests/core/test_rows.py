@@ -1,10 +1,13 @@
-"""The fixed-statement INSERT used for audit events and outbox rows."""
+"""The fixed-statement INSERT and conditional UPDATE used on the hot path (audit events,
+outbox rows, runs, state claims)."""
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from backfill_portal.core.rows import insert_row
+from backfill_portal.core.rows import insert_row, update_row
 from backfill_portal.execution.models import TaskOutbox
 
 pytestmark = pytest.mark.django_db
@@ -26,3 +29,16 @@ def test_insert_row_gives_each_row_its_own_key():
     second = insert_row(TaskOutbox(task="b"))
     assert first.pk != second.pk
     assert dict(TaskOutbox.objects.values_list("pk", "task")) == {first.pk: "a", second.pk: "b"}
+
+
+def test_update_row_changes_the_row_only_while_its_conditions_hold():
+    row = insert_row(TaskOutbox(task="a"))
+    first, later = timezone.now(), timezone.now() + timedelta(minutes=1)
+
+    assert update_row(TaskOutbox, row.pk, {"sent_at": first}, where={"sent_at": None}) == 1
+    assert update_row(TaskOutbox, row.pk, {"sent_at": later}, where={"sent_at": None}) == 0
+    assert update_row(TaskOutbox, row.pk, {"queue": "production"}, where={"task": "b"}) == 0
+    assert update_row(TaskOutbox, row.pk, {"queue": "production", "args": [7]}, where={"task": "a"}) == 1
+
+    stored = TaskOutbox.objects.get(pk=row.pk)
+    assert (stored.sent_at, stored.queue, stored.args) == (first, "production", [7])
