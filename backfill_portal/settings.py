@@ -170,6 +170,9 @@ X_FRAME_OPTIONS = "DENY"
 if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
+# `load_demo` gives its users their well-known passwords only with DEBUG on, or with this.
+DEMO_PASSWORDS = env_bool("DEMO_PASSWORDS", False)
+
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "backfill-portal@localhost")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
@@ -25,7 +26,10 @@ DEMO_USERS = {
 DEMO_CATALOG = Path(__file__).resolve().parents[3] / "catalog" / "demo_catalog.yaml"
 
 
-def ensure_demo_users() -> list[str]:
+def ensure_demo_users(*, with_passwords: bool = True) -> list[str]:
+    """Create the demo users that are missing. With `with_passwords` they get the
+    well-known `<name>-demo` passwords; without, no usable password (they still own the
+    demo datasets, and nobody can sign in as them until an admin sets a password)."""
     created = []
     with transaction.atomic():
         for role in Role.values:
@@ -33,12 +37,15 @@ def ensure_demo_users() -> list[str]:
         for username, roles in DEMO_USERS.items():
             user, made = User.objects.get_or_create(username=username, defaults={"email": f"{username}@example.com"})
             if made:
-                user.set_password(f"{username}-demo")
+                if with_passwords:
+                    user.set_password(f"{username}-demo")
+                else:
+                    user.set_unusable_password()
                 user.save()
                 created.append(username)
             user.groups.add(*Group.objects.filter(name__in=roles))
         if not User.objects.filter(username="admin").exists():
-            User.objects.create_superuser("admin", "admin@example.com", "admin-demo")
+            User.objects.create_superuser("admin", "admin@example.com", "admin-demo" if with_passwords else None)
             created.append("admin")
         User.objects.get(username="admin").groups.add(Group.objects.get(name=Role.ADMIN))
     return created
@@ -52,14 +59,23 @@ class Command(BaseCommand):
         parser.add_argument("--first", default="2022-09-01")
         parser.add_argument("--last", default="2022-12-31")
         parser.add_argument("--no-data", action="store_true", help="users and catalog only")
+        parser.add_argument("--demo-passwords", action="store_true",
+                            help="give new demo users their well-known passwords even when DEBUG is off "
+                                 "(also DEMO_PASSWORDS=1); with DEBUG on they always get them")
 
-    def handle(self, *args, orders_per_day, first, last, no_data, **options):
+    def handle(self, *args, orders_per_day, first, last, no_data, demo_passwords, **options):
         from datetime import date
 
         from backfill_portal.warehouse.demo_data import load_demo_sources
 
-        created = ensure_demo_users()
+        # Well-known passwords on a production deployment would be open doors.
+        with_passwords = settings.DEBUG or demo_passwords or settings.DEMO_PASSWORDS
+        created = ensure_demo_users(with_passwords=with_passwords)
         self.stdout.write(f"users: {len(created)} created" + (f" ({', '.join(created)})" if created else ""))
+        if created and not with_passwords:
+            self.stdout.write("users: created without passwords because DEBUG is off (the well-known demo "
+                              "passwords only with --demo-passwords or DEMO_PASSWORDS=1); set real ones with "
+                              "`manage.py changepassword USER`")
         try:
             report = catalog_sync_file(path=DEMO_CATALOG)
         except CatalogError as exc:
