@@ -4,7 +4,7 @@ from rest_framework.routers import DefaultRouter
 from backfill_portal.backfills.api.views import RequestViewSet
 from backfill_portal.backfills.api.governance import ApprovalStepViewSet, HandoffViewSet
 from backfill_portal.catalog.api.views import DatasetViewSet, JobViewSet, lineage
-from backfill_portal.core.api_views import AuditEventViewSet
+from backfill_portal.core.api_views import AuditEventViewSet, TokenObtainView, TokenRevokeView
 from backfill_portal.execution.api.views import RunViewSet
 from backfill_portal.warehouse.api import partition_detail, partition_rollback_rebuild_view, partition_rollback_view
 
@@ -18,6 +18,8 @@ router.register("approvals", ApprovalStepViewSet, basename="approval")
 router.register("handoffs", HandoffViewSet, basename="handoff")
 
 urlpatterns = [
+    path("auth/token/", TokenObtainView.as_view(), name="auth-token"),
+    path("auth/token/revoke/", TokenRevokeView.as_view(), name="auth-token-revoke"),
     path("datasets/<slug:name>/partitions/<str:key>/", partition_detail, name="partition-detail"),
     path("datasets/<slug:name>/partitions/<str:key>/rollback/", partition_rollback_view, name="partition-rollback"),
     path("datasets/<slug:name>/partitions/<str:key>/rollback/rebuild/", partition_rollback_rebuild_view,

@@ -3,6 +3,7 @@ with a working local default; the helpers below fail loudly on bad values."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -64,10 +65,11 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "django_htmx",
+    # Before core: core's failed-login receiver reads what axes' receiver marked on the request.
+    "axes",
     "backfill_portal.core",
     "backfill_portal.catalog",
     "backfill_portal.backfills",
@@ -84,6 +86,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as its docs ask: turns a login refused by a lockout into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "backfill_portal.urls"
@@ -144,6 +148,11 @@ WAREHOUSE_URL = env_str("WAREHOUSE_URL", f"sqlite:///{VAR_DIR / 'warehouse.sqlit
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# The axes backend refuses a locked-out username before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
@@ -170,8 +179,37 @@ X_FRAME_OPTIONS = "DENY"
 if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
+# --- Sign-in lockout (django-axes): this many failed sign-ins for one username lock it
+# for LOGIN_LOCKOUT_MINUTES, the right password included. Counted per username, not per
+# address, so guessing from many addresses is stopped too; the lock is a fixed window
+# from the failure that set it (refused attempts during it do not extend it). Every
+# failure is audited (core/services/auth.py). An admin unlocks sooner with
+# `manage.py axes_reset_username USER`.
+LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+LOGIN_LOCKOUT_MINUTES = env_int("LOGIN_LOCKOUT_MINUTES", 15)
+if LOGIN_FAILURE_LIMIT < 1 or LOGIN_LOCKOUT_MINUTES < 1:
+    raise ImproperlyConfigured("LOGIN_FAILURE_LIMIT and LOGIN_LOCKOUT_MINUTES must be at least 1")
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=LOGIN_LOCKOUT_MINUTES)
+AXES_LOCKOUT_PARAMETERS = ["username"]
+# axes warns when the address is not a lockout parameter because rotating user agents or
+# cookies would then escape a lock; a username lock has neither in it. Locking by address
+# would lock out everyone behind one proxy (REMOTE_ADDR) after a few typos.
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+AXES_RESET_ON_SUCCESS = True
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False  # no start-up banner in every command's output; the audit log names each failure
+AXES_LOCKOUT_CALLABLE = "backfill_portal.core.authentication.lockout_response"
+
 # `load_demo` gives its users their well-known passwords only with DEBUG on, or with this.
 DEMO_PASSWORDS = env_bool("DEMO_PASSWORDS", False)
+
+# --- API tokens (POST /api/auth/token/, `manage.py issue_token`): every token expires.
+API_TOKEN_DAYS = env_int("API_TOKEN_DAYS", 30)
+API_TOKEN_MAX_DAYS = env_int("API_TOKEN_MAX_DAYS", 365)
+if not 1 <= API_TOKEN_DAYS <= API_TOKEN_MAX_DAYS:
+    raise ImproperlyConfigured(f"API_TOKEN_DAYS={API_TOKEN_DAYS} must be between 1 and API_TOKEN_MAX_DAYS={API_TOKEN_MAX_DAYS}")
 
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "backfill-portal@localhost")
@@ -179,8 +217,10 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "backfill-portal@localhost")
 # --- REST API
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # The token scheme first: its challenge makes a call without credentials a 401
+        # with WWW-Authenticate (session auth has no challenge, so DRF answered 403).
+        "backfill_portal.core.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import yaml
 from django.test import Client
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+
+from backfill_portal.core.services.tokens import api_token_issue
 
 
 def test_schema_is_an_openapi_document_listing_the_request_and_audit_endpoints(api):
@@ -36,21 +37,24 @@ def test_docs_page_renders_for_a_logged_in_user(personas):
 
 
 def test_anonymous_api_calls_are_refused_not_errors(db):
+    # 401 with the token challenge (was "401 or 403": DRF answered 403 while session auth came first).
     client = APIClient()
     for url in ("/api/requests/", "/api/audit/", "/api/requests/1/"):
         response = client.get(url)
-        assert response.status_code in (401, 403), (url, response.status_code)
+        assert response.status_code == 401, (url, response.status_code)
+        assert response["WWW-Authenticate"] == 'Token realm="api"'
         assert response.json()["detail"]
     response = client.post("/api/requests/", {"job": "dwd_order_items"}, format="json")
-    assert response.status_code in (401, 403)
+    assert response.status_code == 401
     response = client.post("/api/requests/1/submit/", {}, format="json")
-    assert response.status_code in (401, 403)
+    assert response.status_code == 401
 
 
 def test_token_authentication_works(personas, catalog):
-    token = Token.objects.create(user=personas["alice"])
+    # Tokens are the portal's own now (they expire); DRF's authtoken app is gone.
+    _, key = api_token_issue(actor=personas["alice"], user=personas["alice"], via="test")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     response = client.get("/api/requests/")
     assert response.status_code == 200, response.content
     response = client.post("/api/requests/", {"job": "dwd_order_items", "start": "2022-10-01",
@@ -63,8 +67,9 @@ def test_a_bad_token_is_refused(db):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
     response = client.get("/api/requests/")
-    # DRF answers 403 rather than 401 because session auth (listed first) sends no challenge.
-    assert response.status_code in (401, 403)
+    # 401 now that the token scheme (listed first) sends its challenge; DRF answered 403 before.
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == 'Token realm="api"'
     assert "token" in response.json()["detail"].lower()
 
 

@@ -1,7 +1,16 @@
 import django_filters
-from rest_framework import serializers, viewsets
+from django.conf import settings
+from django.contrib.auth import authenticate
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status, viewsets
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from backfill_portal.core.models import AuditEvent
+from backfill_portal.core.authentication import locked_out_json
+from backfill_portal.core.errors import ValidationError
+from backfill_portal.core.models import ApiToken, AuditEvent
+from backfill_portal.core.services.tokens import api_token_issue, api_token_revoke
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -35,3 +44,74 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return AuditEvent.objects.all()
+
+
+# --- API tokens -------------------------------------------------------------------------
+
+class TokenObtainSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=4096, trim_whitespace=False, style={"input_type": "password"})
+    days = serializers.IntegerField(required=False, min_value=1, max_value=settings.API_TOKEN_MAX_DAYS,
+                                    help_text="how long the token is valid (default API_TOKEN_DAYS)")
+    label = serializers.CharField(required=False, allow_blank=True, max_length=100,
+                                  help_text="what the token is for, to tell tokens apart")
+
+
+class TokenIssuedSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text="send as `Authorization: Token <token>`; shown only this once")
+    token_id = serializers.IntegerField()
+    username = serializers.CharField()
+    label = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+
+
+class AuthErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    errors = serializers.DictField(child=serializers.ListField(child=serializers.CharField()), required=False)
+
+
+class TokenObtainView(APIView):
+    """Trade a username and password for an API token that expires. Failed attempts
+    count towards the sign-in lockout and are audited like a failed web sign-in."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=TokenObtainSerializer, auth=[], responses={
+        201: TokenIssuedSerializer,
+        400: OpenApiResponse(AuthErrorSerializer, description="a field is missing or wrong, or the username and "
+                                                          "password do not match an active user"),
+        429: OpenApiResponse(AuthErrorSerializer, description="the username is locked after repeated failed sign-ins"),
+    })
+    def post(self, request):
+        body = TokenObtainSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        # The DRF request itself: axes marks on it whether a lock refused this attempt.
+        user = authenticate(request=request, username=data["username"], password=data["password"])
+        if user is None:
+            if getattr(request, "axes_locked_out", False):
+                return locked_out_json()
+            raise ValidationError("no active user has this username and password", field="password")
+        token, key = api_token_issue(actor=user, user=user, days=data.get("days"), label=data.get("label", ""),
+                                     via="api")
+        return Response({"token": key, "token_id": token.pk, "username": user.username, "label": token.label,
+                         "expires_at": token.expires_at}, status=status.HTTP_201_CREATED)
+
+
+class TokenRevokeView(APIView):
+    """Revoke the token this call is made with."""
+
+    @extend_schema(request=None, responses={
+        204: None,
+        400: OpenApiResponse(AuthErrorSerializer, description="the call was not made with an API token"),
+        401: OpenApiResponse(AuthErrorSerializer, description="no credentials, or the token is unknown, expired "
+                                                              "or already revoked"),
+    })
+    def post(self, request):
+        if not isinstance(request.auth, ApiToken):
+            raise ValidationError("call this with the token to revoke (Authorization: Token <key>)",
+                                  field="Authorization")
+        api_token_revoke(actor=request.user, token=request.auth)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -56,3 +56,28 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise AppendOnlyError("the audit log is append-only: deletes are refused")
+
+
+class ApiToken(models.Model):
+    """A bearer token for the API. Only a SHA-256 of the key is kept: the key itself is
+    shown once, when it is issued. Every token expires; a revoked one stays as a record."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    label = models.CharField(max_length=100, blank=True, default="")
+    key_hash = models.CharField(max_length=64, unique=True)
+    # The first characters of the key, so a user can tell their tokens apart.
+    prefix = models.CharField(max_length=12)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["user", "id"])]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(expires_at__gt=models.F("created_at")),
+                                   name="core_apitoken_expires_after_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user_id}, until {self.expires_at:%Y-%m-%d})"
