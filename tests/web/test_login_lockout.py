@@ -3,6 +3,8 @@ the right password included, on every sign-in path (the login page, the admin's,
 API's token endpoint), and every failure is in the audit log (never its password)."""
 from __future__ import annotations
 
+import csv
+import io
 from datetime import timedelta
 
 import pytest
@@ -150,3 +152,15 @@ def test_the_limit_and_window_come_from_settings(personas, settings, limit):
     assert sign_in(client, "alice", "guess-1").status_code == 200
     assert sign_in(client, "alice", "guess-2").status_code == 429
     assert "locked after 2 failed sign-ins" in sign_in(client, "alice", "pw-alice").content.decode()
+
+
+def test_an_auditor_finds_failed_sign_ins_with_the_hostile_username_made_harmless(web, personas):
+    hostile = '=HYPERLINK("http://evil.example")<script>x</script>'
+    sign_in(Client(), hostile, "whatever")
+    page = web("audrey").get("/audit/", {"action": "denied.login"}).content.decode()
+    assert "denied.login" in page and "anonymous" in page
+    assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    export = web("audrey").get("/audit/", {"action": "denied.login", "format": "csv"})
+    rows = list(csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode())))
+    assert len(rows) == 1
+    assert rows[0]["object_id"] == "'" + hostile[:64]  # the spreadsheet sees text, not a formula
