@@ -92,7 +92,7 @@ class TokenObtainView(APIView):
         user = authenticate(request=request, username=data["username"], password=data["password"])
         if user is None:
             if getattr(request, "axes_locked_out", False):
-                return locked_out_json()
+                return locked_out_json(data["username"])
             raise ValidationError("no active user has this username and password", field="password")
         token, key = api_token_issue(actor=user, user=user, days=data.get("days"), label=data.get("label", ""),
                                      via="api")

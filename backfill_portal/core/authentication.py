@@ -13,7 +13,12 @@
 """
 from __future__ import annotations
 
+import math
+from datetime import timedelta
+
+from axes.models import AccessAttempt
 from django.conf import settings
+from django.db.models import Max
 from django.http import JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -71,26 +76,39 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
         }
 
 
-def lockout_message() -> str:
+def lockout_seconds_left(username: str) -> int:
+    """Seconds until the lock on `username` ends: the window runs from the failure that
+    set it (the last one counted). The whole window when no failure is found."""
+    window = settings.LOGIN_LOCKOUT_MINUTES * 60
+    last = AccessAttempt.objects.filter(username=username).aggregate(last=Max("attempt_time"))["last"]
+    if last is None:
+        return window
+    left = (last + timedelta(seconds=window) - timezone.now()).total_seconds()
+    return max(1, min(window, math.ceil(left)))
+
+
+def lockout_message(seconds_left: int) -> str:
+    minutes = max(1, math.ceil(seconds_left / 60))
     return (f"This username is locked after {settings.LOGIN_FAILURE_LIMIT} failed sign-ins. "
-            f"Try again in {settings.LOGIN_LOCKOUT_MINUTES} minutes, or ask an admin to unlock it.")
+            f"Try again in {minutes} minute{'s' if minutes != 1 else ''}, or ask an admin to unlock it.")
 
 
-def locked_out_json() -> JsonResponse:
-    response = JsonResponse({"detail": lockout_message(), "code": "locked_out"}, status=429)
-    response["Retry-After"] = str(settings.LOGIN_LOCKOUT_MINUTES * 60)
+def locked_out_json(username: str) -> JsonResponse:
+    left = lockout_seconds_left(username)
+    response = JsonResponse({"detail": lockout_message(left), "code": "locked_out"}, status=429)
+    response["Retry-After"] = str(left)
     return response
 
 
 def lockout_response(request, original_response=None, credentials=None):
     """What axes answers a locked-out sign-in with: JSON for API and XHR callers, the
     lockout page for people."""
+    username = str((credentials or {}).get("username") or request.POST.get("username") or "")
     if request.path.startswith("/api/") or request.headers.get("x-requested-with") == "XMLHttpRequest":
-        return locked_out_json()
-    response = render(request, "registration/locked_out.html", {
-        "failure_limit": settings.LOGIN_FAILURE_LIMIT, "lockout_minutes": settings.LOGIN_LOCKOUT_MINUTES,
-    }, status=429)
-    response["Retry-After"] = str(settings.LOGIN_LOCKOUT_MINUTES * 60)
+        return locked_out_json(username)
+    left = lockout_seconds_left(username)
+    response = render(request, "registration/locked_out.html", {"message": lockout_message(left)}, status=429)
+    response["Retry-After"] = str(left)
     return response
 
 
