@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from axes.models import AccessAttempt
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -178,3 +179,40 @@ def test_an_auditor_finds_failed_sign_ins_with_the_hostile_username_made_harmles
     rows = list(csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode())))
     assert len(rows) == 1
     assert rows[0]["object_id"] == "'" + hostile[:64]  # the spreadsheet sees text, not a formula
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="concurrent requests need PostgreSQL: the SQLite test "
+                    "database is in memory, shared by the live server's threads without a busy timeout")
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_concurrent_guesses_over_http_still_locks_the_username(live_server, personas):
+    """20 wrong passwords at once (real HTTP, a thread each), then the right one: refused,
+    and every guess is in the audit log. (Guesses that pass the lock check before the
+    fifth failure is recorded are still checked: axes counts after the password check.)"""
+    import http.cookiejar
+    import re as regex
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    def post_login(password: str) -> int:
+        jar = http.cookiejar.CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        with opener.open(live_server.url + LOGIN, timeout=30) as page:
+            token = regex.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.read().decode()).group(1)
+        body = urllib.parse.urlencode({"username": "alice", "password": password,
+                                       "csrfmiddlewaretoken": token}).encode()
+        request = urllib.request.Request(live_server.url + LOGIN, data=body, headers={"Referer": live_server.url})
+        try:
+            with opener.open(request, timeout=30) as response:
+                return 302 if response.url.rstrip("/") == live_server.url.rstrip("/") else response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        answers = list(pool.map(post_login, [f"guess-{n}" for n in range(20)]))
+    assert set(answers) <= {200, 429} and 429 in answers, answers
+    assert post_login("pw-alice") == 429
+    assert AuditEvent.objects.filter(action="denied.login", object_id="alice").count() == 21
+    print(f"burst of 20: {answers.count(200)} answered as a wrong password, {answers.count(429)} as locked")
