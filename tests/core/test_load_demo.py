@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
 
-from backfill_portal.core.management.commands.load_demo import DEMO_USERS
+from backfill_portal.core.management.commands.load_demo import DEMO_USERS, demo_logins_note
 
 EVERYONE = set(DEMO_USERS) | {"admin"}
 
@@ -65,3 +65,12 @@ def test_a_second_run_creates_nothing_and_gives_no_password_to_existing_users(de
     load_demo()
     assert "users: 0 created" in load_demo("--demo-passwords")
     assert not demo_password_works("alice")
+
+
+def test_run_portal_announces_the_demo_passwords_only_when_they_were_given(settings):
+    settings.DEBUG, settings.DEMO_PASSWORDS = False, False
+    assert "-demo" not in demo_logins_note() and "no passwords" in demo_logins_note()
+    settings.DEMO_PASSWORDS = True
+    assert "password = username + '-demo'" in demo_logins_note()
+    settings.DEBUG, settings.DEMO_PASSWORDS = True, False
+    assert "password = username + '-demo'" in demo_logins_note()

@@ -26,6 +26,14 @@ DEMO_USERS = {
 DEMO_CATALOG = Path(__file__).resolve().parents[3] / "catalog" / "demo_catalog.yaml"
 
 
+def demo_logins_note() -> str:
+    """The line `run_portal` prints about signing in as the demo users."""
+    if settings.DEBUG or settings.DEMO_PASSWORDS:
+        return ("demo logins (password = username + '-demo'): alice (requester), olivia, sam, rita, finn "
+                "(owners), oscar (on-call), audrey (auditor), admin")
+    return "demo users have no passwords (DEBUG is off): set them with `manage.py changepassword USER`"
+
+
 def ensure_demo_users(*, with_passwords: bool = True) -> list[str]:
     """Create the demo users that are missing. With `with_passwords` they get the
     well-known `<name>-demo` passwords; without, no usable password (they still own the

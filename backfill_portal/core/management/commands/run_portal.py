@@ -10,6 +10,8 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from backfill_portal.core.management.commands.load_demo import demo_logins_note
+
 
 class Command(BaseCommand):
     help = "Run web + worker + scheduler together (the embedded default deployment)."
@@ -29,8 +31,7 @@ class Command(BaseCommand):
         }
         procs = {name: subprocess.Popen(cmd, cwd=settings.BASE_DIR) for name, cmd in commands.items()}
         self.stdout.write(self.style.SUCCESS(f"\nBackfill Portal: http://{addr}/  (API docs: http://{addr}/api/docs/)"))
-        self.stdout.write("demo logins (password = username + '-demo'): alice (requester), olivia, sam, rita, finn "
-                          "(owners), oscar (on-call), audrey (auditor), admin\nCtrl-C stops web, worker and scheduler.\n")
+        self.stdout.write(demo_logins_note() + "\nCtrl-C stops web, worker and scheduler.\n")
         stopping = False
 
         def stop(*_):
