@@ -115,6 +115,14 @@ def test_bad_input_to_the_token_endpoint_is_a_400_and_issues_nothing(personas, b
     assert not AuditEvent.objects.filter(action="token.issue").exists()
 
 
+@pytest.mark.parametrize("raw", [b"[]", b'"alice"', b"{not json", b"null"])
+def test_a_body_that_is_not_an_object_is_a_400(personas, raw):
+    response = APIClient().generic("POST", TOKEN, raw, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert response.json()["detail"]
+    assert not ApiToken.objects.exists()
+
+
 def test_a_wrong_role_with_a_valid_token_stays_403(personas, catalog):
     key = obtain("audrey", "pw-audrey").json()["token"]
     response = with_token(key).post("/api/requests/", {"job": "dwd_order_items", "start": "2022-10-01",

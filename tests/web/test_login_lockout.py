@@ -15,6 +15,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from backfill_portal.core.models import AuditEvent
+from backfill_portal.core.services.audit import audit_verify
 
 LOGIN = "/login/"
 
@@ -67,6 +68,7 @@ def test_five_wrong_passwords_lock_the_username_and_the_right_one_then_fails(per
     assert locked[0].reason == "5 failed sign-ins: locked for 15 minutes"
     everything = " ".join(str(e.data) + e.reason for e in AuditEvent.objects.all())
     assert "guess-" not in everything and "pw-alice" not in everything
+    assert audit_verify() == (AuditEvent.objects.count(), None)  # chained like every other event
 
 
 def test_the_lock_is_per_username(personas):
