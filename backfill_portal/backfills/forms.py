@@ -32,6 +32,22 @@ def partition_format(grain: str, timezone: str) -> dict[str, str]:
             "text": f"a local day in {timezone}, e.g. 2022-10-01 (cut at local midnight)"}
 
 
+class StaleExclusionField(forms.Field):
+    """The preview's "leave out" checkboxes for stale later partitions, each `job|partition`,
+    as {job: [partition]}. Shape only: the service refuses a partition that is not stale."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for item in value or []:
+            job, sep, key = str(item).partition("|")
+            if not sep or not job.strip() or not key.strip():
+                raise forms.ValidationError(f"{item!r} is not a job|partition pair")
+            out.setdefault(job.strip(), []).append(key.strip())
+        return out
+
+
 class RequestForm(forms.Form):
     job = forms.ChoiceField(label="Job")
     start = forms.CharField(label="First partition", max_length=64)
@@ -52,6 +68,7 @@ class RequestForm(forms.Form):
                                       help_text="Compute each interval again in isolation and prove "
                                                 "the four numbers do not move.")
     confirm_overlap = forms.BooleanField(label="Submit although it overlaps an active request", required=False)
+    exclude_stale = StaleExclusionField(label="Leave out stale later partitions", required=False)
     # Not a user field: makes a double click, or a resubmission after an overlap warning,
     # reuse the draft already created instead of filing a second one.
     idempotency_key = forms.CharField(widget=forms.HiddenInput, required=False, max_length=128)
@@ -102,6 +119,7 @@ class RequestForm(forms.Form):
             "cascade": data["cascade"], "strategy": data["strategy"],
             "max_active_intervals": data["max_active_intervals"], "side_effects": list(data["side_effects"]),
             "verify_twice": bool(data["verify_twice"]), "idempotency_key": data.get("idempotency_key") or None,
+            "exclude_stale": data.get("exclude_stale") or {},
         }
 
 

@@ -43,6 +43,10 @@ class BackfillRequest(models.Model):
     idempotency_key = models.CharField(max_length=128, null=True, blank=True)
     node_actions = models.JSONField(default=dict, blank=True,
                                     help_text="cascade plan: {job: rebuild | skip | handoff} for each downstream job")
+    stale = models.JSONField(
+        default=dict, blank=True,
+        help_text="depends_on_past jobs whose later published partitions this request makes stale: "
+                  "{job: {after, included: [partition], excluded: [partition]}}; excluded ones are left as they are")
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children",
                                help_text="the request whose hand-off or rollback filed this one")
     payload_hash = models.CharField(max_length=64, blank=True, default="")

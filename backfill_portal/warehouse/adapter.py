@@ -684,10 +684,12 @@ class Warehouse:
         """A parenthesised subquery over exactly the pinned versions {partition: run_id},
         with the declared columns. A downstream run selects from it instead of the
         reader view, so what it reads cannot change under it when someone publishes.
-        No pins: the right columns and no rows."""
+        No pins: the right columns and no rows (the table is created if nothing was ever
+        staged into it, as for a depends_on_past job's first partition)."""
         columns = ", ".join(_quote(name) for name in spec.column_names)
         table = _quote(spec.versions_table)
         if not pins:
+            self._ensure_dataset_once(spec)
             return f"(SELECT {columns} FROM {table} WHERE 1 = 0)"
         # Sorted so the rendered SQL, which may be hashed or logged, is deterministic.
         matches = " OR ".join(

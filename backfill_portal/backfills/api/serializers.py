@@ -22,6 +22,11 @@ class RequestCreateSerializer(serializers.Serializer):
     idempotency_key = serializers.CharField(max_length=128, required=False, allow_null=True, default=None)
     node_actions = serializers.DictField(child=serializers.CharField(max_length=16), required=False, default=dict,
                                          help_text="cascade: {downstream job: rebuild | skip}")
+    exclude_stale = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField(max_length=40), max_length=10000),
+        required=False, default=dict,
+        help_text="{depends_on_past job: [partition]}: later published partitions this request makes stale "
+                  "that it should leave as they are (recorded in the audit log); any other key is refused")
 
 
 class SubmitSerializer(serializers.Serializer):
@@ -69,7 +74,8 @@ class RequestSerializer(serializers.ModelSerializer):
         fields = ["id", "status", "job", "dataset", "timezone", "grain", "requested_by", "requested_at", "reason",
                   "first_partition", "last_partition", "range_start", "range_end", "interval_count", "cascade",
                   "strategy", "max_active_intervals", "verify_twice", "side_effects", "paused", "code_version",
-                  "submitted_at", "decided_at", "finished_at", "overlaps", "idempotency_key", "node_actions", "parent"]
+                  "submitted_at", "decided_at", "finished_at", "overlaps", "idempotency_key", "node_actions", "stale",
+                  "parent"]
 
 
 class RequestDetailSerializer(RequestSerializer):

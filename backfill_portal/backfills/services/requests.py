@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -14,6 +14,8 @@ from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestSt
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
 from backfill_portal.backfills.planning import plan_intervals
 from backfill_portal.backfills.services.notifications import notify_approvers
+from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
+from backfill_portal.backfills.staleness import StaleLater, check_exclusions, stale_later
 from backfill_portal.backfills.transitions import (
     REQUEST_ACTIVE,
     intervals_bulk_transition,
@@ -55,14 +57,19 @@ def backfill_request_create(
     verify_twice: bool = False,
     idempotency_key: str | None = None,
     node_actions: dict[str, str] | None = None,
+    exclude_stale: dict[str, list[str]] | None = None,
 ) -> tuple[BackfillRequest, bool]:
     """Create a draft with its planned intervals. Returns (request, created).
 
     1. Check the role and every field; collect field errors, write nothing on any.
     2. The same idempotency key from the same user returns the same request
        (a different payload under a reused key is a conflict).
-    3. Plan the intervals in the dataset's timezone and persist request + intervals
-       + audit row in one transaction.
+    3. Plan the intervals in the dataset's timezone. A depends_on_past job's published
+       partitions after the last planned one are stale (each read the one before):
+       they join the plan, in order, except those named in `exclude_stale`
+       ({job: [partition]}); the same holds for every depends_on_past node a cascade
+       rebuilds, and its downstream follows the longer span.
+    4. Persist request + intervals + audit row (with the exclusions) in one transaction.
     """
     require_role(actor, Role.REQUESTER, Role.OWNER, Role.ONCALL, Role.ADMIN, action="request.create")
     errors: dict[str, list[str]] = {}
@@ -89,6 +96,11 @@ def backfill_request_create(
             errors.setdefault("side_effects", []).append(f"{name} is not a side-effect node; only those need authorising")
     if idempotency_key is not None and not (1 <= len(str(idempotency_key)) <= 128):
         errors.setdefault("idempotency_key", []).append("must be 1 to 128 characters")
+    exclude_stale = exclude_stale or {}
+    if not isinstance(exclude_stale, dict) or not all(
+            isinstance(keys, (list, tuple)) and all(isinstance(k, str) for k in keys) for keys in exclude_stale.values()):
+        errors.setdefault(STALE_FIELD, []).append("must map a job name to a list of partition keys")
+        exclude_stale = {}
 
     payload = {
         "job": job, "start": str(start), "end": str(end), "reason": reason, "cascade": cascade,
@@ -96,6 +108,8 @@ def backfill_request_create(
         "side_effects": sorted(side_effects or []), "verify_twice": bool(verify_twice),
         "node_actions": dict(sorted((node_actions or {}).items())),
     }
+    if exclude_stale:  # only when given, so earlier requests' payload hashes still match
+        payload["exclude_stale"] = {name: sorted(keys) for name, keys in sorted(exclude_stale.items())}
     digest = _payload_hash(payload)
     if idempotency_key and not errors:
         existing = BackfillRequest.objects.filter(requested_by=actor, idempotency_key=idempotency_key).first()
@@ -114,16 +128,29 @@ def backfill_request_create(
                 errors.setdefault(key, []).extend(messages)
             if not exc.fields:
                 errors.setdefault("start", []).append(exc.message)
+    stale: dict[str, StaleLater] = {}
+    if planned and not errors and job_obj.depends_on_past:
+        try:
+            stale[job_obj.name] = stale_later(job=job_obj, after=planned[-1], exclude=exclude_stale.get(job_obj.name, ()))
+        except ValidationError as exc:
+            errors.setdefault(STALE_FIELD, []).extend(exc.fields.get(STALE_FIELD, [exc.message]))
+        else:
+            planned = planned + stale[job_obj.name].included
     cascade_plan: list[CascadeNode] = []
     if planned and not errors and cascade != Cascade.NONE:
         try:
             cascade_plan = plan_cascade(job=job_obj, cascade=cascade, start=planned[0].start, end=planned[-1].end,
-                                        authorised={j.name for j in effect_jobs}, overrides=node_actions or {})
+                                        authorised={j.name for j in effect_jobs}, overrides=node_actions or {},
+                                        exclude_stale=exclude_stale)
         except ValidationError as exc:
             for key, messages in exc.fields.items():
                 errors.setdefault(key, []).extend(messages)
     elif node_actions:
         errors.setdefault("node_actions", []).append("node actions need cascade or handoff")
+    stale.update({n.job.name: n.stale for n in cascade_plan if n.stale is not None})
+    unplanned = check_exclusions(exclude_stale, stale) if planned and not errors else []
+    if unplanned:
+        errors[STALE_FIELD] = unplanned
     total = len(planned) + sum(len(n.partitions) for n in cascade_plan if n.action != NodeAction.HANDOFF)
     if planned and total > settings.BACKFILL_MAX_INTERVALS and not errors:
         errors.setdefault("end", []).append(
@@ -141,13 +168,16 @@ def backfill_request_create(
                 cascade=cascade, strategy=strategy, max_active_intervals=max_active_intervals,
                 verify_twice=bool(verify_twice), idempotency_key=idempotency_key or None, payload_hash=digest,
                 node_actions={n.job.name: n.action for n in cascade_plan},
+                stale={name: s.as_dict() for name, s in stale.items() if s.included or s.excluded},
             )
             if effect_jobs:
                 request.side_effects.set(effect_jobs)
+            stale_keys = _stale_notes(stale.get(job_obj.name))
             Interval.objects.bulk_create(
                 [
                     Interval(request=request, job=job_obj, position=i, partition_key=p.partition_key,
-                             start=p.start, end=p.end, note=getattr(p, "note", "") or "")
+                             start=p.start, end=p.end,
+                             note=stale_keys.get(p.partition_key) or getattr(p, "note", "") or "")
                     for i, p in enumerate(planned)
                 ],
                 batch_size=2000,
@@ -157,7 +187,8 @@ def backfill_request_create(
                 actor=actor, action="request.create", object_type="request", object_id=request.pk,
                 request_id=request.pk, dataset=job_obj.dataset.name, to_state=RequestStatus.DRAFT, reason=reason,
                 data={**payload, "intervals": len(planned), "first": request.first_partition,
-                      "last": request.last_partition, "cascade_plan": request.node_actions},
+                      "last": request.last_partition, "cascade_plan": request.node_actions,
+                      **({"stale": request.stale} if request.stale else {})},
             )
     except IntegrityError:
         # Two concurrent creates with one key: the loser returns the winner's request.
@@ -181,15 +212,22 @@ class CascadeNode:
     layer: int
     action: str
     partitions: list  # PlannedInterval
+    stale: StaleLater | None = field(default=None)  # depends_on_past: its later partitions (in `partitions`)
+
+
+def _stale_notes(stale: StaleLater | None) -> dict[str, str]:
+    return {p.partition_key: stale.note[:200] for p in stale.included} if stale else {}
 
 
 def plan_cascade(*, job: Job, cascade: str, start, end, authorised: set[str],
-                 overrides: dict[str, str]) -> list[CascadeNode]:
+                 overrides: dict[str, str], exclude_stale: dict[str, list[str]] | None = None) -> list[CascadeNode]:
     """The downstream nodes of a cascade or hand-off, with the action for each.
 
     cascade: every downstream node is rebuilt after its upstreams publish, except
     side-effect nodes that were not authorised (skipped, recorded per interval) and
     nodes the requester chose to skip. handoff: downstream owners decide later.
+    A rebuilt depends_on_past node also rebuilds its stale later partitions (minus
+    `exclude_stale`), and the nodes below it follow that longer span.
     """
     try:
         nodes = LineageGraph.cached().closure(job.name)[1:]
@@ -203,6 +241,7 @@ def plan_cascade(*, job: Job, cascade: str, start, end, authorised: set[str],
         raise ValidationError("; ".join(errors), fields={"node_actions": errors})
     jobs = {j.name: j for j in Job.objects.filter(name__in=names).select_related("dataset__owner")}
     plan = []
+    span_end = {job.name: end}  # how far each node's republished partitions reach
     for node in nodes:
         if cascade == Cascade.HANDOFF:
             action = NodeAction.HANDOFF
@@ -214,8 +253,18 @@ def plan_cascade(*, job: Job, cascade: str, start, end, authorised: set[str],
         if node.is_side_effect and action == NodeAction.REBUILD and node.job.name not in authorised:
             raise ValidationError(f"{node.job.name} is a side-effect node: authorise it in side_effects to run it",
                                   field="side_effects")
-        partitions = covered_partitions(grain=node.job.grain, timezone=node.job.timezone, start=start, end=end)
-        plan.append(CascadeNode(job=jobs[node.job.name], layer=node.layer, action=action, partitions=partitions))
+        node_end = max((span_end[u] for u in node.upstream_jobs if u in span_end), default=end)
+        partitions = covered_partitions(grain=node.job.grain, timezone=node.job.timezone, start=start, end=node_end)
+        stale = None
+        if node.job.depends_on_past and action == NodeAction.REBUILD and partitions:
+            stale = stale_later(job=jobs[node.job.name], after=partitions[-1],
+                                exclude=(exclude_stale or {}).get(node.job.name, ()))
+            partitions = partitions + stale.included
+            if stale.included:
+                node_end = max(node_end, stale.included[-1].end)
+        span_end[node.job.name] = node_end if action == NodeAction.REBUILD else end
+        plan.append(CascadeNode(job=jobs[node.job.name], layer=node.layer, action=action, partitions=partitions,
+                                stale=stale))
     return plan
 
 
@@ -226,8 +275,10 @@ def _persist_cascade(request: BackfillRequest, plan: list[CascadeNode]) -> None:
     for node in plan:
         if node.action == NodeAction.HANDOFF:
             continue
+        notes = _stale_notes(node.stale)
         rows += [Interval(request=request, job=node.job, position=i, partition_key=p.partition_key, start=p.start,
-                          end=p.end, note="" if node.action == NodeAction.REBUILD else "skipped: " + (
+                          end=p.end, note=notes.get(p.partition_key, "") if node.action == NodeAction.REBUILD
+                          else "skipped: " + (
                               "side-effect node not authorised" if node.job.kind == JobKind.SIDE_EFFECT
                               else "skipped by the requester"))
                  for i, p in enumerate(node.partitions)]
@@ -337,7 +388,8 @@ def backfill_request_submit(*, actor, request_id, confirm_overlap: bool = False)
             request, to=RequestStatus.PENDING_APPROVAL, actor=actor, action="request.submit",
             updates={"code_version": code_version, "submitted_at": timezone.now(), "overlaps": overlaps},
             data={"code_version": code_version.hash, "overlaps": overlaps, "intervals": request.interval_count,
-                  "code_versions": {j.name: j.current_code_version.hash for j in jobs}},
+                  "code_versions": {j.name: j.current_code_version.hash for j in jobs},
+                  **({"stale": request.stale} if request.stale else {})},
         )
     return request
 

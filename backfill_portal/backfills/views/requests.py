@@ -10,6 +10,7 @@ from html import escape as html_escape
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpResponse
@@ -25,12 +26,15 @@ from backfill_portal.backfills.forms import (
     ReasonForm,
     RequestForm,
     RequestRollbackForm,
+    StaleExclusionField,
     SubmitForm,
     partition_format,
 )
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
 from backfill_portal.backfills.planning import dst_notes, plan_intervals
 from backfill_portal.backfills.selectors import interval_buckets, request_progress, request_rows
+from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
+from backfill_portal.backfills.staleness import stale_later
 from backfill_portal.backfills.services.requests import (
     NodeAction,
     approval_plan,
@@ -341,7 +345,8 @@ def _render_new(request, form: RequestForm) -> HttpResponse:
         preview = _preview_context(request.user, job=job, start=form.data.get("start", ""),
                                    end=form.data.get("end", ""),
                                    effects=form.data.getlist("side_effects") if form.is_bound else [],
-                                   cascade=form.data.get("cascade", Cascade.NONE))
+                                   cascade=form.data.get("cascade", Cascade.NONE),
+                                   exclude=form.data.getlist(STALE_FIELD) if form.is_bound else [])
     return render_page(request, "backfills/request_new.html", {"form": form, "preview": preview})
 
 
@@ -355,7 +360,8 @@ def request_preview(request):
     ctx = _preview_context(request.user, job=job, start=request.POST.get("start", ""),
                            end=request.POST.get("end", ""), effects=request.POST.getlist("side_effects"),
                            cascade=request.POST.get("cascade", Cascade.NONE),
-                           unknown_job=name if name and job is None else "")
+                           unknown_job=name if name and job is None else "",
+                           exclude=request.POST.getlist(STALE_FIELD))
     ctx["oob"] = True
     return render(request, "backfills/partials/_request_preview.html", {"preview": ctx, "oob": True})
 
@@ -369,7 +375,7 @@ class StepPreview:
 
 
 def _preview_context(user, *, job: Job | None, start: str, end: str, effects: list[str],
-                     cascade: str = Cascade.NONE, unknown_job: str = "") -> dict:
+                     cascade: str = Cascade.NONE, unknown_job: str = "", exclude: list[str] = ()) -> dict:
     ctx: dict = {"job": job, "errors": [], "start": (start or "").strip(), "end": (end or "").strip()}
     if job is None:
         ctx["errors"] = [f"Job {unknown_job!r} does not exist or is a source."] if unknown_job else []
@@ -386,16 +392,25 @@ def _preview_context(user, *, job: Job | None, start: str, end: str, effects: li
     except ValidationError as exc:
         ctx["errors"] = [m for ms in exc.fields.values() for m in ms] or [exc.message]
         return ctx
-    downstream = []
-    if cascade in (Cascade.CASCADE, Cascade.HANDOFF):
-        try:
+    downstream, stale = [], []
+    try:
+        excluded = StaleExclusionField(required=False).clean(list(exclude))
+        if job.depends_on_past:  # the same stale set the service will freeze
+            root = stale_later(job=job, after=planned[-1], exclude=excluded.get(job.name, ()))
+            stale.append(root)
+            planned = planned + root.included
+        if cascade in (Cascade.CASCADE, Cascade.HANDOFF):
             # plan_cascade only reads (the lineage graph and the catalog): the same
             # downstream set the service will freeze at creation.
             downstream = plan_cascade(job=job, cascade=cascade, start=planned[0].start, end=planned[-1].end,
-                                      authorised=set(effects), overrides={})
-        except ValidationError as exc:
-            ctx["errors"] = [m for ms in exc.fields.values() for m in ms] or [exc.message]
-            return ctx
+                                      authorised=set(effects), overrides={}, exclude_stale=excluded)
+    except ValidationError as exc:
+        ctx["errors"] = [m for ms in exc.fields.values() for m in ms] or [exc.message]
+        return ctx
+    except DjangoValidationError as exc:
+        ctx["errors"] = list(exc.messages)
+        return ctx
+    stale += [n.stale for n in downstream if n.stale is not None]
     total = len(planned) + sum(len(n.partitions) for n in downstream if n.action != NodeAction.HANDOFF)
     if total > settings.BACKFILL_MAX_INTERVALS:
         ctx["errors"] = [f"with its cascade this range has {total} intervals; "
@@ -405,6 +420,9 @@ def _preview_context(user, *, job: Job | None, start: str, end: str, effects: li
     ctx.update({
         "count": len(planned), "first": planned[0], "last": planned[-1], "total": total,
         "utc_start": planned[0].start, "utc_end": planned[-1].end,
+        "stale": [{"job": s.job.name, "after": s.after, "owner": s.job.dataset.owner.username,
+                   "partitions": s.marked()}
+                  for s in stale if s.included or s.excluded],
         "notes": notes[:24], "more_notes": max(0, len(notes) - 24),
         "overlaps": _overlapping_active(job, planned[0].start, planned[-1].end),
         "downstream": [{"job": n.job.name, "layer": n.layer, "action": n.action, "intervals": len(n.partitions)}

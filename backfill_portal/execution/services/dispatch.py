@@ -147,7 +147,9 @@ def _cascade_candidates(request: BackfillRequest, budget: int) -> list[Interval]
     for job in order:
         if len(chosen) >= budget:
             break
-        own = sorted(by_job[job.pk], key=lambda r: r[2], reverse=request.strategy == Strategy.BACKWARD)
+        # A depends_on_past job goes oldest first whatever the strategy: each reads the one before.
+        own = sorted(by_job[job.pk], key=lambda r: r[2],
+                     reverse=request.strategy == Strategy.BACKWARD and not job.depends_on_past)
         if job.depends_on_past and any(r[5] in (I.QUEUED, I.RUNNING, I.FAILED) for r in own):
             continue
         job_budget = min(budget - len(chosen), free_slots(job, production=False))

@@ -1,0 +1,251 @@
+"""Forward staleness: republishing a partition of a depends_on_past dataset makes its
+later published partitions stale. The preview names them, the frozen plan rebuilds them
+strictly in order after it on the new inputs, and an explicit exclusion leaves them out
+and is audited. Run through the real pipeline (tasks executed by Celery's `apply`)."""
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+
+import pytest
+import yaml
+
+from backfill_portal.backfills.choices import IntervalStatus, RequestStatus, StepKind
+from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
+from backfill_portal.backfills.services.requests import (
+    backfill_request_create,
+    backfill_request_decide,
+    backfill_request_submit,
+)
+from backfill_portal.catalog.services.sync import catalog_sync
+from backfill_portal.core.errors import ValidationError
+from backfill_portal.core.models import AuditEvent
+from backfill_portal.execution.choices import RunStatus
+from backfill_portal.execution.models import Run
+from backfill_portal.warehouse.demo_data import correct_source_day
+from backfill_portal.warehouse.models import Consumption
+from tests.conftest import TEST_CATALOG
+
+pytestmark = pytest.mark.django_db(transaction=True)
+DAYS = ["2022-10-01", "2022-10-02", "2022-10-03", "2022-10-04", "2022-10-05"]
+LATER = DAYS[2:]
+
+def catalog_text() -> str:
+    """TEST_CATALOG plus `running_totals` (GMV to date per category: the previous
+    partition plus the day, so it depends on its own past) and `totals_snapshot`, a
+    plain job that reads it."""
+    doc = yaml.safe_load(TEST_CATALOG)
+    doc["datasets"].append({
+        "name": "running_totals", "owner": "rita", "team": "finance", "timezone": "Asia/Shanghai", "grain": "day",
+        "business_key": ["category"], "core_measure": "gmv_to_date",
+        "columns": [{"name": "category", "type": "text"}, {"name": "gmv_to_date", "type": "numeric"}]})
+    doc["datasets"].append({
+        "name": "totals_snapshot", "owner": "sam", "team": "analytics", "timezone": "Asia/Shanghai", "grain": "day",
+        "business_key": ["ds"], "core_measure": "gmv_to_date",
+        "columns": [{"name": "ds", "type": "text"}, {"name": "gmv_to_date", "type": "numeric"}]})
+    doc["jobs"].append({
+        "name": "running_totals", "produces": "running_totals", "reads": ["dws_sales_daily"], "kind": "sql",
+        "pool": "warehouse", "depends_on_past": True, "max_concurrent_runs": 1,
+        "sql": "SELECT u.category AS category, ROUND(CAST(SUM(u.gmv) AS NUMERIC), 2) AS gmv_to_date FROM (\n"
+               "  SELECT p.category AS category, p.gmv_to_date AS gmv FROM {{ ref_previous() }} AS p\n"
+               "  UNION ALL\n"
+               "  SELECT s.category AS category, s.gmv AS gmv FROM {{ ref('dws_sales_daily') }} AS s\n"
+               ") AS u GROUP BY u.category\n"})
+    doc["jobs"].append({
+        "name": "totals_snapshot", "produces": "totals_snapshot", "reads": ["running_totals"], "kind": "sql",
+        "pool": "warehouse",
+        "sql": "SELECT {{ partition_key }} AS ds, ROUND(CAST(SUM(t.gmv_to_date) AS NUMERIC), 2) AS gmv_to_date "
+               "FROM {{ ref('running_totals') }} AS t"})
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def deploy() -> None:
+    catalog_sync(text=catalog_text())
+
+
+def run_to_end(personas, queue, *, job: str, start: str, end: str, requester: str = "alice", **kwargs) -> BackfillRequest:
+    """File, submit, have every approver decide once (an owner of two datasets has two
+    steps and decides both at once), and run the request to its end."""
+    request, _ = backfill_request_create(actor=personas[requester], job=job, start=start, end=end,
+                                         reason="late order events", **kwargs)
+    backfill_request_submit(actor=personas[requester], request_id=request.pk, confirm_overlap=True)
+    while step := request.approval_steps.filter(status="pending").select_related("approver").first():
+        backfill_request_decide(actor=step.approver or personas["admin"], request_id=request.pk, approve=True)
+    queue.drain()
+    request.refresh_from_db()
+    return request
+
+
+def gmv(warehouse, dataset: str, day: str, column: str = "gmv") -> dict[str, Decimal]:
+    return {r["category"]: Decimal(str(r[column])).quantize(Decimal("0.01"))
+            for r in warehouse.read_partition(dataset, day)}
+
+
+def expected_totals(warehouse) -> dict[str, dict[str, Decimal]]:
+    """GMV to date per category, computed from what dws_sales_daily serves now."""
+    out, running = {}, {}
+    for day in DAYS:
+        for category, value in gmv(warehouse, "dws_sales_daily", day).items():
+            running[category] = running.get(category, Decimal("0")) + value
+        out[day] = dict(running)
+    return out
+
+
+def current_run(warehouse, dataset: str, day: str) -> str:
+    return warehouse.current(dataset, day)
+
+
+@pytest.fixture
+def history(personas, catalog, demo_sources, task_queue, warehouse):
+    """Five days published everywhere; then late corrections land for 2022-10-02 and
+    dwd_order_items and dws_sales_daily 10-02 alone are republished (no cascade). So
+    running_totals 10-02 and every partition after it still carry the old 10-02."""
+    deploy()
+    for job in ("dwd_order_items", "dws_sales_daily", "running_totals", "totals_snapshot"):
+        assert run_to_end(personas, task_queue, job=job, start=DAYS[0], end=DAYS[-1]).status == RequestStatus.RECONCILING
+    assert correct_source_day(warehouse.db, day=date(2022, 10, 2), factor_category="apparel", seed=13) > 0
+    for job in ("dwd_order_items", "dws_sales_daily"):
+        assert run_to_end(personas, task_queue, job=job, start=DAYS[1], end=DAYS[1]).status == RequestStatus.RECONCILING
+    old = {day: current_run(warehouse, "running_totals", day) for day in DAYS}
+    assert gmv(warehouse, "running_totals", DAYS[-1], "gmv_to_date") != expected_totals(warehouse)[DAYS[-1]]
+    return old
+
+
+def intervals_of(request, job: str) -> list[tuple[str, str]]:
+    return list(Interval.objects.filter(request=request, job__name=job).order_by("position")
+                .values_list("partition_key", "note"))
+
+
+def test_a_plain_request_on_a_depends_on_past_dataset_rebuilds_its_later_partitions_in_order(
+        personas, task_queue, warehouse, history, api):
+    response = api("alice").post("/api/requests/", {"job": "running_totals", "start": DAYS[1], "end": DAYS[1],
+                                                    "reason": "dws 10-02 was repaired"}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    # The create response (the draft is the preview) names the stale partitions.
+    assert body["stale"] == {"running_totals": {"after": DAYS[1], "included": LATER, "excluded": []}}
+    assert [(i["partition_key"], i["note"].startswith("stale:")) for i in body["intervals"]] == [
+        (DAYS[1], False), *((d, True) for d in LATER)]
+    assert (body["first_partition"], body["last_partition"], body["interval_count"]) == (DAYS[1], DAYS[-1], 4)
+    request = BackfillRequest.objects.get(pk=body["id"])
+    create = AuditEvent.objects.get(request_id=request.pk, action="request.create")
+    assert create.data["stale"]["running_totals"]["included"] == LATER
+
+    assert api("alice").post(f"/api/requests/{request.pk}/submit/", {"confirm_overlap": True},
+                             format="json").status_code == 200
+    # The usual approval: the dataset's owner (the stale partitions are the same dataset's).
+    assert {(s.kind, s.approver.username) for s in ApprovalStep.objects.filter(request=request)} == {
+        (StepKind.OWNER, "rita")}
+    assert api("rita").post(f"/api/requests/{request.pk}/approve/", {}, format="json").status_code == 200
+    task_queue.drain()
+    request.refresh_from_db()
+    assert request.status == RequestStatus.RECONCILING
+
+    runs = list(Run.objects.filter(request=request).order_by("pk"))
+    assert [r.partition_key for r in runs] == DAYS[1:]  # strictly in order after 10-02
+    for earlier, later in zip(runs, runs[1:]):
+        assert later.created_at >= earlier.finished_at
+        # Each read the version its predecessor in this request had just published.
+        pin = Consumption.objects.get(run=later, dataset__name="running_totals")
+        assert (pin.partition_key, pin.version.run_id) == (earlier.partition_key, earlier.pk)
+    assert all(r.status == RunStatus.PUBLISHED for r in runs)
+    expected = expected_totals(warehouse)
+    for day in DAYS:
+        assert gmv(warehouse, "running_totals", day, "gmv_to_date") == expected[day], day
+    assert current_run(warehouse, "running_totals", DAYS[0]) == history[DAYS[0]]  # before P: untouched
+
+
+def test_a_cascade_includes_the_stale_partitions_of_a_depends_on_past_node_and_what_reads_them(
+        personas, task_queue, warehouse, history):
+    request, _ = backfill_request_create(actor=personas["alice"], job="dws_sales_daily", start=DAYS[1], end=DAYS[1],
+                                         reason="late corrections for 10-02", cascade="cascade", strategy="backward")
+    assert [k for k, _ in intervals_of(request, "dws_sales_daily")] == [DAYS[1]]
+    assert [(k, n.startswith("stale:")) for k, n in intervals_of(request, "running_totals")] == [
+        (DAYS[1], False), *((d, True) for d in LATER)]
+    # The node below the depends_on_past one follows its longer span.
+    assert [k for k, _ in intervals_of(request, "totals_snapshot")] == DAYS[1:]
+    assert request.stale == {"running_totals": {"after": DAYS[1], "included": LATER, "excluded": []}}
+
+    request = run_to_end(personas, task_queue, job="dws_sales_daily", start=DAYS[1], end=DAYS[1],
+                         requester="alice", cascade="cascade", strategy="backward")
+    assert request.status == RequestStatus.RECONCILING
+    totals = list(Run.objects.filter(request=request, job__name="running_totals").order_by("pk"))
+    assert [r.partition_key for r in totals] == DAYS[1:]  # oldest first although the strategy is backward
+    expected = expected_totals(warehouse)
+    for day in DAYS:
+        assert gmv(warehouse, "running_totals", day, "gmv_to_date") == expected[day], day
+    for day in DAYS[1:]:
+        snapshot = warehouse.read_partition("totals_snapshot", day)
+        assert Decimal(str(snapshot[0]["gmv_to_date"])).quantize(Decimal("0.01")) == sum(expected[day].values())
+
+
+def test_an_explicit_exclusion_leaves_those_partitions_as_they_are_and_is_audited(
+        personas, task_queue, warehouse, history):
+    request = run_to_end(personas, task_queue, job="running_totals", start=DAYS[1], end=DAYS[1], exclude_stale={"running_totals": [DAYS[-1]]})
+    assert request.status == RequestStatus.RECONCILING
+    assert [r.partition_key for r in Run.objects.filter(request=request).order_by("pk")] == DAYS[1:-1]
+    assert current_run(warehouse, "running_totals", DAYS[-1]) == history[DAYS[-1]]
+    expected = expected_totals(warehouse)
+    assert gmv(warehouse, "running_totals", DAYS[-2], "gmv_to_date") == expected[DAYS[-2]]
+    assert gmv(warehouse, "running_totals", DAYS[-1], "gmv_to_date") != expected[DAYS[-1]]
+    recorded = {"running_totals": {"after": DAYS[1], "included": LATER[:-1], "excluded": [DAYS[-1]]}}
+    assert request.stale == recorded
+    for action in ("request.create", "request.submit"):
+        event = AuditEvent.objects.get(request_id=request.pk, action=action)
+        assert (event.actor_name, event.data["stale"]) == ("alice", recorded)
+
+
+def test_excluding_a_partition_that_is_not_stale_is_refused_with_the_field_named(
+        personas, task_queue, warehouse, history, api):
+    before = (BackfillRequest.objects.count(), AuditEvent.objects.count())
+    cases = [
+        {"job": "running_totals", "exclude_stale": {"running_totals": ["2022-10-09"]}},  # never published
+        {"job": "running_totals", "exclude_stale": {"running_totals": [DAYS[1]]}},  # republished, not stale
+        {"job": "running_totals", "exclude_stale": {"running_totals": ["10/05/2022"]}},
+        {"job": "dws_sales_daily", "exclude_stale": {"dws_sales_daily": [DAYS[2]]}},  # not depends_on_past
+        {"job": "dws_sales_daily", "exclude_stale": {"running_totals": [DAYS[2]]}},  # not in a cascade-less plan
+        {"job": "running_totals", "exclude_stale": {"running_totals": "2022-10-05"}},  # not a list
+    ]
+    for case in cases:
+        response = api("alice").post("/api/requests/", {"start": DAYS[1], "end": DAYS[1], "reason": "fix", **case},
+                                     format="json")
+        assert response.status_code == 400, (case, response.json())
+        assert "exclude_stale" in response.json()["errors"], (case, response.json())
+    assert (BackfillRequest.objects.count(), AuditEvent.objects.count()) == before
+    with pytest.raises(ValidationError) as err:  # the service itself, for callers other than the API
+        backfill_request_create(actor=personas["alice"], job="running_totals", start=DAYS[1], end=DAYS[1],
+                                reason="fix", exclude_stale={"running_totals": [DAYS[0]]})
+    assert "2022-10-01" in err.value.fields["exclude_stale"][0]
+
+
+def test_the_form_preview_lists_the_stale_partitions_and_a_ticked_box_excludes_one(
+        personas, task_queue, warehouse, history):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(personas["alice"])
+    form = {"job": "dws_sales_daily", "start": DAYS[1], "end": DAYS[1], "reason": "doubling fixed",
+            "cascade": "cascade", "strategy": "forward", "max_active_intervals": "4"}
+    html = client.post("/requests/preview/", form).content.decode()
+    assert 'data-testid="stale-later"' in html and "running_totals" in html
+    for day in LATER:
+        assert f'name="exclude_stale" value="running_totals|{day}" form="request-form"' in html
+    ticked = client.post("/requests/preview/", {**form, "exclude_stale": f"running_totals|{DAYS[-1]}"}).content.decode()
+    assert f'value="running_totals|{DAYS[-1]}" form="request-form" checked' in ticked
+    bad = client.post("/requests/preview/", {**form, "exclude_stale": "running_totals|2022-10-09"}).content.decode()
+    assert "not a stale partition of this plan" in bad
+
+    response = client.post("/requests/new/", {**form, "action": "create", "exclude_stale": f"running_totals|{DAYS[-1]}"})
+    assert response.status_code == 302
+    request = BackfillRequest.objects.get(job__name="dws_sales_daily", status="draft")
+    assert [k for k, _ in intervals_of(request, "running_totals")] == DAYS[1:-1]
+    assert request.stale["running_totals"]["excluded"] == [DAYS[-1]]
+    page = client.get(response["Location"]).content.decode()
+    assert "left out by the requester" in page and DAYS[-1] in page
+
+    refused = client.post("/requests/new/", {**form, "action": "create", "exclude_stale": "running_totals"})
+    assert refused.status_code == 200 and "is not a job|partition pair" in refused.content.decode()
+    refused = client.post("/requests/new/", {**form, "action": "create", "exclude_stale": "running_totals|2022-10-09"})
+    assert refused.status_code == 200 and "not a stale partition of this plan" in refused.content.decode()
+    assert BackfillRequest.objects.filter(job__name="dws_sales_daily", status="draft").count() == 1
+    assert not Interval.objects.filter(request__job__name="dws_sales_daily", status=IntervalStatus.QUEUED).exists()
