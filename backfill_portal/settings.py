@@ -3,6 +3,7 @@ with a working local default; the helpers below fail loudly on bad values."""
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -53,6 +54,61 @@ if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
     SECRET_KEY = "insecure-local-development-key-" + "x" * 40
+
+
+def _audit_key(name: str, raw: str) -> tuple[str, str]:
+    """One `id:secret` pair: the id is stored with every event it signs, so a rotated
+    key still verifies the events it signed (docs/security.md)."""
+    key_id, sep, secret = raw.strip().partition(":")
+    if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]{1,32}", key_id):
+        raise ImproperlyConfigured(f"{name} must be 'id:secret' (id: 1-32 of A-Z a-z 0-9 _ . -), got {key_id[:32]!r}...")
+    if len(secret) < 32:
+        raise ImproperlyConfigured(f"{name}: the secret of key {key_id!r} must be at least 32 characters")
+    return key_id, secret
+
+
+def _dev_audit_key() -> str:
+    """DEBUG only: a key generated once into var/ so `make run` and the tests work with
+    no set-up. Never for a deployment: whoever can read var/ can forge the chain."""
+    path = VAR_DIR / "audit-dev.key"
+    if not path.exists():
+        import secrets
+
+        # Written whole, then linked into place: a process starting beside this one
+        # reads either no file or the complete key, and only one key ever wins.
+        draft = path.with_name(f".audit-dev.key.{os.getpid()}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(f"dev-{secrets.token_hex(4)}:{secrets.token_hex(32)}\n")
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path.read_text().strip()
+
+
+# The audit log's chain is an HMAC under this key, read from the environment and never
+# stored in the database: its owner can rewrite rows but cannot sign them.
+# AUDIT_KEY signs new events; AUDIT_OLD_KEYS (comma-separated id:secret) only verify.
+_audit_raw = env_str("AUDIT_KEY", "")
+if not _audit_raw:
+    if not DEBUG:
+        raise ImproperlyConfigured("AUDIT_KEY must be set when DEBUG is off (id:secret; see docs/security.md)")
+    _audit_raw = _dev_audit_key()
+AUDIT_KEY_ID, _audit_secret = _audit_key("AUDIT_KEY", _audit_raw)
+AUDIT_KEYS = {AUDIT_KEY_ID: _audit_secret}
+for _raw in env_list("AUDIT_OLD_KEYS", []):
+    _old_id, _old_secret = _audit_key("AUDIT_OLD_KEYS", _raw)
+    if _old_id in AUDIT_KEYS:
+        raise ImproperlyConfigured(f"AUDIT_OLD_KEYS: key id {_old_id!r} is given twice")
+    AUDIT_KEYS[_old_id] = _old_secret
+del _audit_raw, _audit_secret
+# `manage.py anchor_audit` (and the scheduler, every AUDIT_ANCHOR_SECONDS) appends the
+# chain head here: outside the metadata database, so an emptied or shortened log shows.
+AUDIT_ANCHOR_PATH = Path(env_str("AUDIT_ANCHOR_PATH", str(VAR_DIR / "audit-anchors.jsonl")))
+
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -278,12 +334,14 @@ CELERY_TASK_DEFAULT_QUEUE = "backfill"
 CELERY_TASK_ROUTES = {
     "execution.sweep": {"queue": "production"},
     "execution.schedule_production": {"queue": "production"},
+    "core.anchor_audit": {"queue": "production"},
 }
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "execution.sweep", "schedule": env_int("SWEEP_SECONDS", 15)},
     "schedule-production": {"task": "execution.schedule_production", "schedule": 60.0},
     "expire-handoffs": {"task": "backfills.expire_handoffs", "schedule": 300.0},
     "purge-versions": {"task": "execution.purge_versions", "schedule": env_int("RETENTION_SWEEP_SECONDS", 3600)},
+    "anchor-audit": {"task": "core.anchor_audit", "schedule": env_int("AUDIT_ANCHOR_SECONDS", 300)},
 }
 
 # --- Product limits

@@ -302,7 +302,7 @@ def grow_audit(target: int) -> None:
             actor = REQUESTERS[i % len(REQUESTERS)]
             yield (i, ts(T0 + timedelta(seconds=i)), actor, ACTOR_NAMES[actor], action, obj, str(i % 100_000),
                    rng.randint(1, max_req) if i % 3 else None, dataset_names[i % len(dataset_names)], frm, to,
-                   f"event {i}: generated for the pages benchmark", f'{{"n": {i}}}', f"{i - 1:064x}", f"{i:064x}")
+                   f"event {i}: generated for the pages benchmark", f'{{"n": {i}}}', f"{i - 1:064x}", f"{i:064x}", "")
 
     load(AuditEvent._meta.db_table, columns(AuditEvent), rows())
 

@@ -183,6 +183,37 @@ TEST_CATALOG = textwrap.dedent(
 
 
 @pytest.fixture(autouse=True)
+def audit_anchor_path(settings, tmp_path):
+    """Each test anchors the audit log in its own file, never in the worktree's var/."""
+    settings.AUDIT_ANCHOR_PATH = tmp_path / "audit-anchors.jsonl"
+    return settings.AUDIT_ANCHOR_PATH
+
+
+@pytest.fixture(scope="session", autouse=True)
+def flush_lifts_the_audit_truncate_trigger():
+    """Between transactional tests Django empties every table with one TRUNCATE, which
+    the audit table's trigger refuses on PostgreSQL, as it should to anyone. The test
+    runner, and only it, does what an owner resetting a scratch database would: switch
+    the trigger off for that TRUNCATE, in the same transaction."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    from backfill_portal.core.dbroles import AUDIT_TABLE, TRUNCATE_TRIGGER
+
+    original = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, **kwargs):
+        statements = original(self, style, tables, **kwargs)
+        if AUDIT_TABLE not in tables or not statements:
+            return statements
+        return [f"ALTER TABLE {AUDIT_TABLE} DISABLE TRIGGER {TRUNCATE_TRIGGER}", *statements,
+                f"ALTER TABLE {AUDIT_TABLE} ENABLE TRIGGER {TRUNCATE_TRIGGER}"]
+
+    DatabaseOperations.sql_flush = sql_flush
+    yield
+    DatabaseOperations.sql_flush = original
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     # PBKDF2's deliberate slowness costs seconds per persona; tests need no strength.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

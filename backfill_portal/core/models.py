@@ -1,5 +1,6 @@
-"""The audit log: append-only and hash-chained (each event carries the hash of the
-one before it, so an edit behind the application's back breaks the chain)."""
+"""The audit log: append-only and chained (each event carries the HMAC of itself and
+the one before it, under a key the database never holds, so an edit behind the
+application's back breaks the chain and cannot be re-signed)."""
 from __future__ import annotations
 
 from django.conf import settings
@@ -33,6 +34,9 @@ class AuditEvent(models.Model):
     data = models.JSONField(default=dict, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64, unique=True)
+    # The id of the AUDIT_KEY whose HMAC `hash` is; empty for the events written before
+    # the chain was keyed (plain SHA-256, accepted only as the chain's first events).
+    key_id = models.CharField(max_length=32, blank=True, default="")
 
     objects = AuditEventQuerySet.as_manager()
 

@@ -15,18 +15,19 @@ from django.db import connection, models
 
 
 @functools.lru_cache(maxsize=32)
-def _insert_statement(model: type[models.Model], vendor: str) -> tuple[str, tuple]:
+def _insert_statement(model: type[models.Model], vendor: str, with_pk: bool = False) -> tuple[str, tuple]:
     meta, quote = model._meta, connection.ops.quote_name
-    fields = tuple(f for f in meta.concrete_fields if not f.primary_key)
+    fields = tuple(f for f in meta.concrete_fields if with_pk or not f.primary_key)
     sql = (f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
            f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {quote(meta.pk.column)}")
     return sql, fields
 
 
-def insert_row(instance: models.Model) -> models.Model:
-    """INSERT a new instance (never an update) and set its primary key. Field defaults
-    and `auto_now_add` are applied by the fields (`pre_save`), as `save()` does."""
-    sql, fields = _insert_statement(type(instance), connection.vendor)
+def insert_row(instance: models.Model, *, with_pk: bool = False) -> models.Model:
+    """INSERT a new instance (never an update) and set its primary key (or, with_pk,
+    insert the one it carries). Field defaults and `auto_now_add` are applied by the
+    fields (`pre_save`), as `save()` does."""
+    sql, fields = _insert_statement(type(instance), connection.vendor, with_pk)
     params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

@@ -1,19 +1,39 @@
-"""Writing the audit log. Called inside the transaction of the change it records."""
+"""Writing and proving the audit log. Events are written inside the transaction of the
+change they record.
+
+The chain: an event's `hash` is an HMAC-SHA256, under the audit key its `key_id`
+names, of its id, the previous event's hash and its fields. Keys come from the
+environment (AUDIT_KEY, AUDIT_OLD_KEYS), never from the database, so its owner can
+edit rows but not sign them. Ids are given out one after another under the chain's
+lock, so a missing event is a missing id. Events from before the key (key_id '') keep
+their plain SHA-256 links and are accepted only as the chain's first events: the
+first keyed event signs their head. The head is anchored outside the database
+(`audit_anchor`, core/services/audit_anchors.py); `audit_check` compares the chain
+with the newest anchor, so a log cut short or emptied is named by its first missing id.
+"""
 from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
+from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.rows import insert_row
+from backfill_portal.core.services.audit_anchors import Anchor, AnchorFileError, anchor_append, anchors_read, signing_key
 
 GENESIS_HASH = "0" * 64
 # Any constant works; it only has to be the same for every writer.
 _AUDIT_LOCK_KEY = 7_351_001
+
+
+class AuditChainBroken(Exception):
+    """The chain does not verify; the message is one line naming where."""
 
 
 def actor_label(actor) -> str:
@@ -23,8 +43,19 @@ def actor_label(actor) -> str:
 
 
 def event_hash(prev_hash: str, fields: dict) -> str:
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256((prev_hash + "|" + canonical).encode()).hexdigest()
+    """The unkeyed SHA-256 link of the events written before the chain was keyed."""
+    return hashlib.sha256((prev_hash + "|" + _canonical(fields)).encode()).hexdigest()
+
+
+def event_mac(prev_hash: str, fields: dict, *, event_id: int, key_id: str, key: bytes) -> str:
+    """The keyed link: HMAC-SHA256 of the event's id, its key id, the hash before it and
+    its fields. The id is signed too, so moving an event leaves a trace."""
+    message = f"{event_id}|{key_id}|{prev_hash}|{_canonical(fields)}"
+    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+
+
+def _canonical(fields: dict) -> str:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def hashed_fields(event: AuditEvent) -> dict:
@@ -64,9 +95,12 @@ def audit_record(
     event belongs to the caller's transaction, and a failure here must undo the change
     it records.
     """
+    key_id = settings.AUDIT_KEY_ID
+    key = signing_key(key_id)
     with transaction.atomic(savepoint=False):
-        prev = _chain_head()
+        prev_id, prev = _chain_head()
         event = AuditEvent(
+            id=prev_id + 1,
             at=timezone.now(),
             actor=actor if getattr(actor, "pk", None) else None,
             actor_name=actor_label(actor),
@@ -80,22 +114,23 @@ def audit_record(
             reason=reason or "",
             data=json.loads(json.dumps(data or {}, default=str)),
             prev_hash=prev,
+            key_id=key_id,
         )
-        event.hash = event_hash(prev, hashed_fields(event))
+        event.hash = event_mac(prev, hashed_fields(event), event_id=event.id, key_id=key_id, key=key)
         _insert(event)
-        _remember_head(event.hash)
+        _remember_head((event.id, event.hash))
     return event
 
 
 def _insert(event: AuditEvent) -> None:
-    """Insert a new event (never an update: the log is append-only), with a statement
-    built once per process (the ORM compiled it again for every event, a dozen per
-    backfill interval)."""
-    insert_row(event)
+    """Insert a new event with the id the chain gave it (never an update: the log is
+    append-only), with a statement built once per process (the ORM compiled it again
+    for every event, a dozen per backfill interval)."""
+    insert_row(event, with_pk=True)
 
 
-def _chain_head() -> str:
-    """The hash to chain to, with the chain locked until this transaction ends.
+def _chain_head() -> tuple[int, str]:
+    """The (id, hash) to chain to, with the chain locked until this transaction ends.
 
     A transaction that already appended an event holds the lock and knows the head
     (the event it wrote), so it neither locks nor reads again. It knows that only while
@@ -111,17 +146,18 @@ def _chain_head() -> str:
     with connection.cursor() as cursor:
         cursor.execute(_head_statement(connection.vendor))
         row = cursor.fetchone()
-    return row[0] if row else GENESIS_HASH
+    return (row[0], row[1]) if row else (0, GENESIS_HASH)
 
 
 @functools.lru_cache(maxsize=4)
 def _head_statement(vendor: str) -> str:
-    """The chain head's hash, as a fixed statement (it runs once per audited transaction)."""
+    """The chain head's id and hash, as a fixed statement (it runs once per audited transaction)."""
     quote = connection.ops.quote_name
-    return f"SELECT {quote('hash')} FROM {quote(AuditEvent._meta.db_table)} ORDER BY {quote('id')} DESC LIMIT 1"
+    return (f"SELECT {quote('id')}, {quote('hash')} FROM {quote(AuditEvent._meta.db_table)} "
+            f"ORDER BY {quote('id')} DESC LIMIT 1")
 
 
-def _remember_head(head: str) -> None:
+def _remember_head(head: tuple[int, str]) -> None:
     """Remember the event just written as the head, under a marker registered at the
     current savepoint depth: if a savepoint around this write rolls back, the marker
     goes with it and the next writer reads the head again."""
@@ -151,13 +187,145 @@ def _remembered(*, at_this_depth: bool = False):
     return None
 
 
-def audit_verify() -> tuple[int, AuditEvent | None]:
-    """Walk the chain in id order. Returns (events checked, first broken event or None)."""
-    prev = GENESIS_HASH
-    checked = 0
-    for event in AuditEvent.objects.order_by("id").iterator(chunk_size=2000):
-        if event.prev_hash != prev or event.hash != event_hash(prev, hashed_fields(event)):
-            return checked, event
-        prev = event.hash
+@dataclass(frozen=True)
+class AuditCheck:
+    """What a walk of the chain found. `problem` is one line, empty when it holds."""
+
+    checked: int  # events whose links verify, in id order, before any problem
+    legacy: int  # of them, the unkeyed events from before the chain was keyed
+    last_id: int | None  # the last event that verifies
+    last_hash: str
+    broken: AuditEvent | None = None  # the first event whose link fails
+    first_missing_id: int | None = None
+    anchor: Anchor | None = None  # the anchor compared with
+    problem: str = ""
+
+    @property
+    def intact(self) -> bool:
+        return not self.problem
+
+
+def _walk(*, start: Anchor | None = None, until_id: int | None = None, anchor: Anchor | None = None) -> AuditCheck:
+    """Walk the chain in id order and stop at the first event that does not verify:
+    from an anchor's head (trusted) when `start` is given, up to `until_id` when given,
+    checking the event `anchor` names against it on the way."""
+    prev_id = start.last_id if start else None
+    prev = start.hash if prev_id is not None else GENESIS_HASH
+    checked = start.count if start else 0
+    legacy, keyed = 0, prev_id is not None
+    events = AuditEvent.objects.order_by("id")
+    if prev_id is not None:
+        events = events.filter(id__gt=prev_id)
+    if until_id is not None:
+        events = events.filter(id__lte=until_id)
+
+    def stop(event: AuditEvent | None, problem: str, **extra) -> AuditCheck:
+        return AuditCheck(checked, legacy, prev_id, prev, broken=event, anchor=anchor, problem=problem, **extra)
+
+    for event in events.iterator(chunk_size=2000):
+        where = f"event #{event.pk} ({event.action} by {event.actor_name} at {event.at:%Y-%m-%d %H:%M:%S})"
+        if not event.key_id:
+            if keyed:
+                return stop(event, f"audit chain broken at {where}: an unkeyed event after keyed ones; "
+                                   f"{checked} event(s) before it verify")
+            valid = event.prev_hash == prev and event.hash == event_hash(prev, hashed_fields(event))
+        else:
+            if prev_id is not None and event.pk != prev_id + 1:
+                missing = f"#{prev_id + 1}" + (f"..#{event.pk - 1}" if event.pk - 1 > prev_id + 1 else "")
+                return stop(event, f"audit chain broken at {where}: event(s) {missing} missing (first missing id "
+                                   f"#{prev_id + 1}); {checked} event(s) before it verify",
+                            first_missing_id=prev_id + 1)
+            key = signing_key(event.key_id)
+            if key is None:
+                return stop(event, f"audit chain cannot be verified at {where}: it is signed with audit key "
+                                   f"{event.key_id!r}, which is not configured (AUDIT_KEY / AUDIT_OLD_KEYS); "
+                                   f"{checked} event(s) before it verify")
+            valid = event.prev_hash == prev and hmac.compare_digest(
+                event.hash, event_mac(prev, hashed_fields(event), event_id=event.pk, key_id=event.key_id, key=key))
+            keyed = True
+        if not valid:
+            return stop(event, f"audit chain broken at {where}; {checked} event(s) before it verify")
+        if anchor is not None and event.pk == anchor.last_id and (event.hash, checked + 1) != (anchor.hash, anchor.count):
+            return stop(event, f"audit log differs from its anchor of {anchor.when} at {where}: the anchor recorded "
+                               f"{anchor.count} event(s) up to it with hash {anchor.hash[:12]}..., the log has "
+                               f"{checked + 1} with {event.hash[:12]}...")
+        prev_id, prev = event.pk, event.hash
         checked += 1
-    return checked, None
+        legacy += not event.key_id
+    if anchor is not None and anchor.last_id is not None and (prev_id is None or prev_id < anchor.last_id):
+        first_missing = prev_id + 1 if prev_id is not None else anchor.first_id
+        if prev_id is None:
+            problem = (f"audit log emptied: it holds no events, but its anchor of {anchor.when} recorded "
+                       f"{anchor.count} event(s) #{anchor.first_id}..#{anchor.last_id}; first missing id #{first_missing}")
+        else:
+            problem = (f"audit log cut short: it ends at event #{prev_id} ({checked} event(s) verify), but its anchor "
+                       f"of {anchor.when} recorded {anchor.count} event(s) up to #{anchor.last_id}; "
+                       f"first missing id #{first_missing}")
+        return stop(None, problem, first_missing_id=first_missing)
+    return AuditCheck(checked, legacy, prev_id, prev, anchor=anchor)
+
+
+def audit_verify() -> tuple[int, AuditEvent | None]:
+    """Walk the chain in id order. Returns (events checked, first broken event or None).
+    The chain alone: `audit_check` also holds it against the newest anchor."""
+    walked = _walk()
+    return walked.checked, walked.broken
+
+
+def audit_check() -> AuditCheck:
+    """Walk the whole chain and hold it against the newest anchor: the anchored event
+    must still carry the anchored hash and count, and the log must reach it (a log
+    cut short, or emptied, is named by its first missing id)."""
+    try:
+        anchors = anchors_read()
+    except AnchorFileError as exc:
+        return AuditCheck(0, 0, None, GENESIS_HASH, problem=str(exc))
+    return _walk(anchor=anchors[-1] if anchors else None)
+
+
+def audit_anchor(*, actor=None) -> tuple[Anchor, bool]:
+    """Anchor the chain's head outside the database. Returns (the newest anchor, whether
+    this call appended it: an unchanged head is not written again).
+
+    1. Read the head (first id, last id, its hash, the count) in one statement, so the
+       four agree however many writers append meanwhile.
+    2. Verify what was appended since the newest anchor, starting from its head, and
+       that the log still holds that head and exactly the events counted: a chain that
+       does not verify is never anchored (AuditChainBroken).
+    3. Append the signed line to the file and the anchor logger (with the actor).
+    """
+    try:
+        anchors = anchors_read()
+    except AnchorFileError as exc:
+        raise AuditChainBroken(str(exc)) from None
+    newest = anchors[-1] if anchors else None
+    first_id, last_id, count, head_hash = _head_summary()
+    if newest is not None and newest.last_id is not None:
+        still_there = AuditEvent.objects.filter(pk=newest.last_id, hash=newest.hash).exists()
+        if not still_there:
+            check = audit_check()
+            raise AuditChainBroken(check.problem or f"anchored event #{newest.last_id} is no longer in the log")
+        walked = _walk(start=newest, until_id=last_id)
+    else:
+        walked = _walk(until_id=last_id)
+    if walked.problem:
+        raise AuditChainBroken(walked.problem)
+    if walked.checked != count:
+        since = f"from the anchor of {newest.when} " if newest else ""
+        raise AuditChainBroken(
+            f"audit log holds {count} event(s) up to #{last_id}, but its chain {since}counts {walked.checked}: "
+            "events were deleted or added behind it (run verify_audit)")
+    if newest is not None and (newest.last_id, newest.count) == (last_id, count):
+        return newest, False
+    anchor = Anchor(first_id=first_id, last_id=last_id, hash=head_hash or GENESIS_HASH, count=count,
+                    at=timezone.now().isoformat(), key_id=settings.AUDIT_KEY_ID)
+    anchor_append(anchor, actor_name=actor_label(actor))
+    return anchor, True
+
+
+def _head_summary() -> tuple[int | None, int | None, int, str | None]:
+    table, quote = connection.ops.quote_name(AuditEvent._meta.db_table), connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT MIN({quote('id')}), MAX({quote('id')}), COUNT(*), "
+                       f"(SELECT {quote('hash')} FROM {table} ORDER BY {quote('id')} DESC LIMIT 1) FROM {table}")
+        return cursor.fetchone()

@@ -1,16 +1,20 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from backfill_portal.core.services.audit import audit_verify
+from backfill_portal.core.services.audit import audit_check
 
 
 class Command(BaseCommand):
-    help = "Walk the audit log's hash chain and name the first broken link."
+    help = ("Walk the audit log's keyed chain, hold it against the newest anchor (AUDIT_ANCHOR_PATH) "
+            "and name the first broken link or missing id.")
 
     def handle(self, *args, **options):
-        checked, broken = audit_verify()
-        if broken is not None:
-            raise CommandError(
-                f"audit chain broken at event #{broken.pk} ({broken.action} by {broken.actor_name} at {broken.at:%Y-%m-%d %H:%M:%S}); "
-                f"{checked} event(s) before it verify"
-            )
-        self.stdout.write(f"audit log intact: {checked} event(s) verified")
+        check = audit_check()
+        if not check.intact:
+            raise CommandError(check.problem)
+        legacy = f", {check.legacy} of them unkeyed from before AUDIT_KEY" if check.legacy else ""
+        if check.anchor is None:
+            against = "; no anchor yet to hold it against (run manage.py anchor_audit)"
+        else:
+            against = (f"; matches its anchor of {check.anchor.when} "
+                       f"({check.anchor.count} event(s) up to #{check.anchor.last_id})")
+        self.stdout.write(f"audit log intact: {check.checked} event(s) verified{legacy}{against}")
