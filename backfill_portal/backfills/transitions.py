@@ -19,7 +19,8 @@ REQUEST_EDGES: dict[str, frozenset[str]] = {
     R.RUNNING: frozenset({R.RECONCILING, R.FAILED, R.CANCELLED}),
     R.RECONCILING: frozenset({R.COMPLETED, R.RUNNING, R.FAILED, R.ROLLED_BACK}),
     R.FAILED: frozenset({R.RUNNING, R.ROLLED_BACK}),
-    R.COMPLETED: frozenset({R.ROLLED_BACK}),
+    # Reopened when an input of what it published is rolled back later (rollback.py).
+    R.COMPLETED: frozenset({R.RECONCILING, R.ROLLED_BACK}),
     R.REJECTED: frozenset(),
     R.CANCELLED: frozenset(),
     R.ROLLED_BACK: frozenset(),

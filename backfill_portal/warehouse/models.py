@@ -69,3 +69,30 @@ class Consumption(models.Model):
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["run", "dataset", "partition_key"], name="consumption_once_per_input")]
         indexes = [models.Index(fields=["dataset", "partition_key"])]
+
+
+class Contamination(models.Model):
+    """One entry of a rollback's contaminated closure: a version that was published when
+    `rollback` withdrew `rolled_back`, and whose pinned inputs include that version,
+    directly (depth 1) or through other versions (`via` is the input it was reached
+    through, `depth` the number of consumption steps). Recorded in the rollback's
+    transaction; it stays as history after the partition is rebuilt."""
+
+    rollback = models.ForeignKey(Publication, on_delete=models.PROTECT, related_name="contaminations")
+    rolled_back = models.ForeignKey(Version, on_delete=models.PROTECT, related_name="+")
+    version = models.ForeignKey(Version, on_delete=models.PROTECT, related_name="contaminations")
+    dataset = models.ForeignKey("catalog.Dataset", on_delete=models.PROTECT, related_name="+")
+    partition_key = models.CharField(max_length=40)
+    depth = models.PositiveIntegerField()
+    via = models.ForeignKey(Version, on_delete=models.PROTECT, related_name="+")
+    rebuild = models.ForeignKey("backfills.BackfillRequest", null=True, blank=True, on_delete=models.PROTECT,
+                                related_name="+", help_text="the one request filed to rebuild the closure")
+    found_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["depth", "id"]
+        constraints = [models.UniqueConstraint(fields=["rollback", "version"], name="contamination_once_per_rollback")]
+        indexes = [models.Index(fields=["dataset", "partition_key"])]
+
+    def __str__(self) -> str:
+        return f"{self.dataset.name}/{self.partition_key} built from rolled-back {self.rolled_back_id} (depth {self.depth})"

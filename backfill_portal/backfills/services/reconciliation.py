@@ -11,6 +11,10 @@ the exceptions by name) and, per interval, the *four numbers* side by side:
    dataset declares one);
 4. what the nearest downstream dataset shows for that partition now.
 
+An interval whose published version was built from an input rolled back later (it is
+in a rollback's contaminated closure) is `unexplained`, with the reason, until someone
+explains it after the rollback.
+
 Each interval is `matched`, `explained` or `unexplained`; sign-off is refused while
 any is unexplained. All warehouse numbers come from grouped queries over every run of
 the request at once (warehouse.services.profiles), never one query per interval.
@@ -41,7 +45,7 @@ from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import CheckResult, Run
 from backfill_portal.execution.transitions import RUN_ACTIVE
-from backfill_portal.warehouse.models import Consumption, Publication
+from backfill_portal.warehouse.models import Consumption, Contamination, Publication
 from backfill_portal.warehouse.registry import get_warehouse, spec_for
 from backfill_portal.warehouse.services.profiles import current_many, measure_many, profile_many
 
@@ -193,6 +197,28 @@ def _verdict(deviations: list[str], explanation: str) -> str:
     return Verdict.EXPLAINED if explanation.strip() else Verdict.UNEXPLAINED
 
 
+def _contaminations(run_pks: list[int]) -> dict[int, tuple]:
+    """{run pk: (when the rollback found it, why)} for the runs whose version is in a
+    rollback's contaminated closure (the nearest entry when there are several)."""
+    from backfill_portal.warehouse.services.rollback import publications_in_effect, contamination_status
+
+    rows = []
+    for chunk in _chunks(sorted(set(run_pks))):
+        rows += list(Contamination.objects.filter(version__run_id__in=chunk).select_related(
+            "version", "via__run", "via__dataset", "rolled_back__run", "rolled_back__dataset", "rollback", "rebuild")
+            .order_by("-depth", "-id"))
+    current = publications_in_effect(rows) if rows else {}
+    out: dict[int, tuple] = {}
+    for r in rows:  # nearest last: it wins
+        rb, via = r.rolled_back, r.via
+        status = contamination_status(r, current.get((r.dataset_id, r.partition_key)))
+        out[r.version.run_id] = (r.found_at, (
+            f"{status['message']}: {rb.dataset.name}/{rb.partition_key} version {rb.run.run_id} was rolled back "
+            f"at {r.found_at:%Y-%m-%d %H:%M} UTC ({r.rollback.reason}); reached through {via.dataset.name}/"
+            f"{via.partition_key} version {via.run.run_id}, {r.depth} step(s) away"))
+    return out
+
+
 # The row's columns, in model order. Rows are built as plain namespaces and written
 # with one executemany: for 2,000 intervals, model instances and bulk_create (34 rows
 # per statement under SQLite's parameter cap) cost more than all the warehouse
@@ -242,6 +268,7 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
                                                        status__in=_WAS_PUBLISHED)
                                     .order_by("id").values_list("id", "run_id", "interval_id")):
         after_runs[interval_id] = (pk, run_id)  # the latest one wins
+    contaminated = _contaminations([pk for pk, _ in after_runs.values()])
     source_measures = {
         run_pk: observed for run_pk, observed in CheckResult.objects.filter(
             run__request=request, name="measure_vs_source").values_list("run_id", "observed")}
@@ -316,6 +343,13 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
                     row.downstream_reads_after = down_reads.get(f"{down_run}|{key}") == row.after_run_id
             row.deviations = _deviations(row, band=band, rel=rel, skipped=iv["id"] in skipped_intervals)
             row.verdict = _verdict(row.deviations, row.explanation)
+            mark = contaminated.get(after[0]) if after is not None else None
+            if mark is not None:
+                found_at, why = mark
+                row.deviations.append(why)
+                # An explanation written before the rollback explained something else.
+                if row.explained_at is None or row.explained_at < found_at:
+                    row.verdict = Verdict.UNEXPLAINED
             rows.append(row)
     return rows
 
@@ -449,7 +483,9 @@ def _stale(reconciliation: Reconciliation, request: BackfillRequest) -> bool:
     from backfill_portal.warehouse.models import Publication
 
     jobs = Interval.objects.filter(request=request).values("job_id")
-    return Publication.objects.filter(dataset__job__in=jobs, published_at__gt=reconciliation.computed_at).exists()
+    return (Publication.objects.filter(dataset__job__in=jobs, published_at__gt=reconciliation.computed_at).exists()
+            or Contamination.objects.filter(version__run__request=request,
+                                            found_at__gt=reconciliation.computed_at).exists())
 
 
 def reconciliation_rows(reconciliation: Reconciliation):

@@ -7,9 +7,16 @@ read the pointer, it is a conflict shown to the user, never an overwrite. The me
 then mirrors it: a Publication(action=rollback), the current run -> rolled_back, the
 restored run superseded -> published, and audit rows, in one transaction.
 
-Every consumer run that read a rolled-back version is listed (from Consumption), and
-`rollback_rebuild` files one request per affected consumer job to rebuild them on the
-restored version. A rolled-back version is kept for diagnosis (see retention.py).
+The rollback's impact is its contaminated closure: every version published at that
+moment whose pinned inputs include a rolled-back version, directly or through other
+versions (consumption records, walked level by level; a `depends_on_past` partition
+reads its previous partition, so the later partitions of a cumulative dataset follow).
+It is recorded (Contamination) in the same transaction as the rollback, marks each
+partition until it is rebuilt, reopens a completed request whose output it names, and
+`rollback_rebuild` files ONE request that rebuilds exactly that set in layer order on
+the restored inputs - once, however often it is asked for. The consumer runs that read
+a rolled-back version directly are still listed (`consumers`). A rolled-back version
+is kept for diagnosis (see retention.py).
 """
 from __future__ import annotations
 
@@ -20,15 +27,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus
-from backfill_portal.backfills.models import BackfillRequest
+from backfill_portal.backfills.models import BackfillRequest, Reconciliation
 from backfill_portal.backfills.transitions import request_transition
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
 from backfill_portal.core.roles import Role, deny, has_role
 from backfill_portal.core.services.audit import audit_record
-from backfill_portal.execution.choices import RunStatus
+from backfill_portal.execution.choices import RunStatus, RunType
+from backfill_portal.execution.models import Run
+from backfill_portal.execution.queue import enqueue
 from backfill_portal.execution.transitions import run_transition
-from backfill_portal.warehouse.models import Consumption, Publication, Version
+from backfill_portal.warehouse.models import Consumption, Contamination, Publication, Version
 from backfill_portal.warehouse.registry import get_warehouse
 
 logger = logging.getLogger(__name__)
@@ -195,10 +204,11 @@ def _mirror(moves: list[Move], *, actor, reason: str, then=None) -> None:
     rows, and whatever `then` does (the request's own transition)."""
     now = timezone.now()
     with transaction.atomic():
+        pubs: dict[int, Publication] = {}
         for move in moves:
             bad, restored = move.current.run, move.target.run
             request = move.request or bad.request
-            Publication.objects.create(
+            pubs[move.current.pk] = Publication.objects.create(
                 dataset=move.dataset, partition_key=move.partition_key, version=move.target,
                 previous_version=move.current, action=Publication.Action.ROLLBACK, actor=actor,
                 request=request, published_at=now, reason=reason)
@@ -210,6 +220,7 @@ def _mirror(moves: list[Move], *, actor, reason: str, then=None) -> None:
                          object_id=f"{move.dataset.name}/{move.partition_key}",
                          request_id=request.pk if request else None, dataset=move.dataset.name,
                          from_state=bad.run_id, to_state=restored.run_id, reason=reason, data=move.as_dict())
+        _record_closure(moves, pubs, actor=actor, reason=reason, now=now)
         if then is not None:
             then()
     logger.info("rolled back %d partition(s): %s", len(moves),
@@ -275,19 +286,185 @@ def _rolled_back_versions(*, request: BackfillRequest | None = None, dataset: Da
     return [p.previous_version for p in pubs if p.previous_version_id]
 
 
+# -- the contaminated closure --------------------------------------------------------------
+
+
+@dataclass
+class Contaminated:
+    """A published version built from `root` (a rolled-back version), reached through
+    its input `via` after `depth` consumption steps."""
+
+    version: Version
+    depth: int
+    via: Version
+    root: Version
+
+
+def contaminated_closure(rolled_back: list[Version]) -> list[Contaminated]:
+    """Every version published now whose pinned inputs include one of `rolled_back`,
+    transitively through consumption records, nearest first (one query pair a level).
+
+    The walk goes through versions that are no longer published too (an ads version
+    built from a dws version that was replaced since is still built from bad data),
+    but only published ones are entries: they are what readers see. Verification runs
+    are not followed: nobody reads their versions."""
+    known: dict[int, Version] = {v.pk: v for v in rolled_back}
+    root_of: dict[int, Version] = {v.pk: v for v in rolled_back}
+    frontier = list(known)
+    entries: list[Contaminated] = []
+    depth = 0
+    while frontier:
+        depth += 1
+        read: dict[int, int] = {}  # consumer run pk -> the input version it was reached through
+        for version_id, run_id in (Consumption.objects.filter(version_id__in=frontier)
+                                   .exclude(run__run_type=RunType.VERIFICATION)
+                                   .order_by("version_id", "run_id").values_list("version_id", "run_id")):
+            read.setdefault(run_id, version_id)
+        frontier = []
+        for version in (Version.objects.filter(run_id__in=list(read))
+                        .select_related("run__job", "run__request", "dataset").order_by("id")):
+            if version.pk in known:
+                continue
+            via = known[read[version.run_id]]
+            known[version.pk], root_of[version.pk] = version, root_of[via.pk]
+            frontier.append(version.pk)
+            if version.run.status == RunStatus.PUBLISHED:
+                entries.append(Contaminated(version=version, depth=depth, via=via, root=root_of[via.pk]))
+    return entries
+
+
+def _ref(version: Version) -> dict:
+    return {"dataset": version.dataset.name, "partition_key": version.partition_key, "run_id": version.run.run_id}
+
+
+def impact_preview(versions: list[Version]) -> list[dict]:
+    """What rolling back `versions` would contaminate (the confirmation page)."""
+    return [{**_ref(e.version), "job": e.version.run.job.name, "request": e.version.run.request_id,
+             "depth": e.depth, "via": _ref(e.via), "rolled_back": _ref(e.root)}
+            for e in contaminated_closure(versions)]
+
+
+def _record_closure(moves: list[Move], pubs: dict[int, Publication], *, actor, reason: str, now) -> None:
+    """Inside the rollback's transaction: one Contamination row per entry of the
+    closure, an audit row naming it, and each completed request whose published output
+    it names reopened (completed -> reconciling, its sign-off withdrawn) so that its
+    reconciliation shows the interval unexplained."""
+    closure = contaminated_closure([m.current for m in moves])
+    if not closure:
+        return
+    Contamination.objects.bulk_create([
+        Contamination(rollback=pubs[e.root.pk], rolled_back=e.root, version=e.version, dataset=e.version.dataset,
+                      partition_key=e.version.partition_key, depth=e.depth, via=e.via, found_at=now)
+        for e in closure], ignore_conflicts=True)
+    first = moves[0]
+    request = first.request or first.current.run.request
+    audit_record(actor=actor, action="rollback.contaminated", object_type="request" if first.request else "partition",
+                 object_id=first.request.pk if first.request else f"{first.dataset.name}/{first.partition_key}",
+                 request_id=request.pk if request else None, dataset=first.dataset.name, reason=reason,
+                 data={"count": len(closure), "closure": [
+                     f"{e.version.dataset.name}/{e.version.partition_key}@{e.version.run.run_id} depth {e.depth} "
+                     f"via {e.via.run.run_id}" for e in closure[:500]]})
+    affected = {e.version.run.request_id: e.version.run.request for e in closure if e.version.run.request_id}
+    for pk, req in sorted(affected.items()):
+        if req.status == RequestStatus.COMPLETED:
+            signed = Reconciliation.objects.filter(request=req).values("signed_off_by__username", "signed_off_at").first()
+            Reconciliation.objects.filter(request=req).update(signed_off_by=None, signed_off_at=None, signoff_comment="")
+            request_transition(req, to=RequestStatus.RECONCILING, actor=actor, action="request.reopen",
+                               reason=f"an input of what it published was rolled back: {reason}",
+                               updates={"finished_at": None},
+                               data={"signed_off": signed and {"by": signed["signed_off_by__username"],
+                                                               "at": signed["signed_off_at"]}})
+        if req.status == RequestStatus.RECONCILING:
+            enqueue("backfills.reconcile_request", pk, headers={"request_id": pk})
+
+
+def publications_in_effect(rows: list[Contamination]) -> dict[tuple[int, str], Publication]:
+    """The publication in effect for each (dataset, partition) of `rows`."""
+    pairs = {(r.dataset_id, r.partition_key) for r in rows}
+    found: dict[tuple[int, str], Publication] = {}
+    keys = sorted({k for _, k in pairs})
+    for pub in (Publication.objects.filter(dataset_id__in={d for d, _ in pairs}, partition_key__in=keys)
+                .select_related("version__run").order_by("id")):
+        if (pub.dataset_id, pub.partition_key) in pairs:
+            found[(pub.dataset_id, pub.partition_key)] = pub
+    return found
+
+
+def contamination_status(row: Contamination, current: Publication | None) -> dict:
+    """Where one closure entry stands: `pending` while readers still see the version
+    built from the rolled-back input, `rebuilt` once a version published after the
+    rollback replaced it, `withdrawn` when the pointer went back instead."""
+    base = "built from a rolled-back input"
+    rebuild = row.rebuild
+    if current is not None and current.version_id == row.version_id:
+        message = f"{base}: rebuild pending"
+        if rebuild is not None:
+            message += f" (#{rebuild.pk}, {rebuild.status})"
+        return {"state": "pending", "rebuilt_by": None, "message": message}
+    if current is not None and current.action == Publication.Action.PUBLISH and current.published_at >= row.found_at:
+        by = current.request_id
+        return {"state": "rebuilt", "rebuilt_by": by,
+                "message": f"{base}: rebuilt by #{by}" if by else f"{base}: rebuilt by run {current.version.run.run_id}"}
+    now = current.version.run.run_id if current is not None else "nothing"
+    return {"state": "withdrawn", "rebuilt_by": None, "message": f"{base}: no longer current (readers see {now})"}
+
+
+def closure_entries(rows) -> list[dict]:
+    """The recorded closure with where each entry stands, nearest first; a version
+    reached from two rolled-back versions is listed once, at its smallest depth."""
+    rows = list(rows.select_related("version__run__job", "via__run", "via__dataset", "rolled_back__run",
+                                    "rolled_back__dataset", "dataset", "rebuild").order_by("depth", "id"))
+    current = publications_in_effect(rows)
+    out, seen = [], set()
+    for r in rows:
+        if r.version_id in seen:
+            continue
+        seen.add(r.version_id)
+        status = contamination_status(r, current.get((r.dataset_id, r.partition_key)))
+        out.append({"dataset": r.dataset.name, "partition_key": r.partition_key, "run_id": r.version.run.run_id,
+                    "job": r.version.run.job.name, "request": r.version.run.request_id, "depth": r.depth,
+                    "via": _ref(r.via), "rolled_back": _ref(r.rolled_back),
+                    "rebuild_request": r.rebuild_id, **status})
+    return out
+
+
+def partition_contamination(*, dataset: Dataset, partition_key: str) -> dict | None:
+    """The mark a partition carries while (and after) it was built from a rolled-back
+    input: the newest closure entry of this partition, with where it stands."""
+    rows = list(Contamination.objects.filter(dataset=dataset, partition_key=partition_key)
+                .select_related("version__run", "via__run", "via__dataset", "rolled_back__run",
+                                "rolled_back__dataset", "dataset", "rebuild").order_by("-id"))
+    if not rows:
+        return None
+    current = publications_in_effect(rows[:1]).get((dataset.pk, partition_key))
+    row = next((r for r in rows if current is not None and r.version_id == current.version_id), rows[0])
+    return {"run_id": row.version.run.run_id, "depth": row.depth, "via": _ref(row.via),
+            "rolled_back": _ref(row.rolled_back), "rebuild_request": row.rebuild_id, "found_at": row.found_at,
+            **contamination_status(row, current)}
+
+
 # -- services ----------------------------------------------------------------------------------
 
 
+def _closure_of(*, request: BackfillRequest | None = None, dataset: Dataset | None = None,
+                partition_key: str | None = None):
+    rows = Contamination.objects.all()
+    if request is not None:
+        return rows.filter(rollback__request=request)
+    return rows.filter(rollback__dataset=dataset, rollback__partition_key=partition_key)
+
+
 def partition_rollback(*, actor, dataset: str, partition_key: str, reason: str) -> dict:
-    """Roll one partition back to its previous verified version. Returns the move and
-    the consumers of the rolled-back version."""
+    """Roll one partition back to its previous verified version. Returns the move,
+    the consumers of the rolled-back version and the contaminated closure."""
     dataset_obj = _dataset(dataset)
     _require_operator(actor, datasets=[dataset_obj], action="partition.rollback", object_type="partition",
                       object_id=f"{dataset}/{partition_key}")
     reason = _reason(reason)
     move = _plan_partition(dataset_obj, partition_key)
     _apply([move], actor=actor, reason=reason)
-    return {**move.as_dict(), "consumers": consumers_of([move.current])}
+    impact = closure_entries(Contamination.objects.filter(rolled_back=move.current))
+    return {**move.as_dict(), "consumers": consumers_of([move.current]), "impact": impact}
 
 
 def request_rollback(*, actor, request_id, reason: str) -> dict:
@@ -296,7 +473,8 @@ def request_rollback(*, actor, request_id, reason: str) -> dict:
     1. On-call, an admin or the owner of every dataset involved; a reason.
     2. Plan: each partition must still show this request's version and have a
        previous verified one; otherwise 409 and nothing changes.
-    3. Move all pointers (one warehouse transaction), mirror, request -> rolled_back.
+    3. Move all pointers (one warehouse transaction), mirror, record the closure,
+       request -> rolled_back.
     """
     request = _get_request(request_id)
     datasets = list(Dataset.objects.filter(publications__request=request).distinct()) or [request.job.dataset]
@@ -313,7 +491,8 @@ def request_rollback(*, actor, request_id, reason: str) -> dict:
         request, to=RequestStatus.ROLLED_BACK, actor=actor, action="request.rollback", reason=reason,
         data={"partitions": [m.as_dict() for m in moves]}))
     bad = list(Version.objects.filter(run__request=request, run__status=RunStatus.ROLLED_BACK))
-    return {"request": request.pk, "partitions": [m.as_dict() for m in moves], "consumers": consumers_of(bad)}
+    return {"request": request.pk, "partitions": [m.as_dict() for m in moves], "consumers": consumers_of(bad),
+            "impact": closure_entries(_closure_of(request=request))}
 
 
 def _get_request(request_id) -> BackfillRequest:
@@ -324,58 +503,82 @@ def _get_request(request_id) -> BackfillRequest:
 
 
 def rollback_state(*, request_id=None, dataset: str | None = None, partition_key: str | None = None) -> dict:
-    """What a rollback did (or would touch): the rolled-back versions and their consumers."""
+    """What a rollback did: the rolled-back versions, their consumers, and the whole
+    contaminated closure with where each entry stands (pending / rebuilt by #N)."""
     if request_id is not None:
         request = _get_request(request_id)
         versions = _rolled_back_versions(request=request)
         return {"request": request.pk, "status": request.status,
                 "rolled_back": [{"dataset": v.dataset.name, "partition_key": v.partition_key, "run_id": v.run.run_id}
                                 for v in versions],
-                "consumers": consumers_of(versions)}
+                "consumers": consumers_of(versions), "impact": closure_entries(_closure_of(request=request))}
     dataset_obj = _dataset(dataset)
     versions = _rolled_back_versions(dataset=dataset_obj, partition_key=partition_key)
     return {"dataset": dataset_obj.name, "partition_key": partition_key,
-            "rolled_back": [v.run.run_id for v in versions], "consumers": consumers_of(versions)}
+            "rolled_back": [v.run.run_id for v in versions], "consumers": consumers_of(versions),
+            "impact": closure_entries(_closure_of(dataset=dataset_obj, partition_key=partition_key))}
 
 
-def _file_rebuilds(*, actor, consumers: list[dict], parent: BackfillRequest | None,
-                   label: str) -> list[BackfillRequest]:
-    """One request per consumer job over the partitions its affected runs produced,
-    filed (created and submitted) by `actor`; the same click twice files nothing new."""
-    from backfill_portal.backfills.services.requests import backfill_request_create, backfill_request_submit
-    from backfill_portal.catalog.models import Job
+class _LostRace(Exception):
+    """Another click claimed the closure first: undo this one's request."""
 
-    partitions: dict[str, set[str]] = {}
-    for c in consumers:
-        if c["run_type"] == "verification":
-            continue
-        partitions.setdefault(c["job"], set()).add(c["partition_key"])
-    filed = []
-    for job_name, keys in sorted(partitions.items()):
-        job = Job.objects.select_related("dataset").get(name=job_name)
-        if job.dataset.is_source:
-            continue
-        first, last = min(keys), max(keys)
-        request, created = backfill_request_create(
-            actor=actor, job=job_name, start=first, end=last, reason=f"rebuild after rollback of {label}",
-            idempotency_key=f"rollback-rebuild:{label}:{job_name}:{first}:{last}")
-        if created:  # the same click twice: the idempotency key returns the first request
-            with transaction.atomic():
-                BackfillRequest.objects.filter(pk=request.pk).update(parent=parent)
+
+def _file_rebuild(*, actor, rows, parent: BackfillRequest | None, label: str) -> list[BackfillRequest]:
+    """ONE request rebuilding every entry of the closure that readers still see and no
+    rebuild covers yet, filed (created and submitted) by `actor`; the entries are
+    claimed for it with a conditional update in the same transaction, so a second
+    click, or a concurrent one, files nothing and returns the request(s) filed.
+
+    1. An entry whose version a rebuild filed from another rollback already covers is
+       given that request instead (it is not rebuilt twice).
+    2. The rest: {job: partitions} -> backfill_request_create_partitions (one request,
+       layer order, the normal approval steps), claimed, audited, submitted."""
+    from backfill_portal.backfills.services.rebuild import backfill_request_create_partitions
+    from backfill_portal.backfills.services.requests import backfill_request_submit
+
+    rows = list(rows.select_related("version__run__job", "dataset").order_by("depth", "id"))
+    open_rows = [r for r in rows if r.rebuild_id is None]
+    current = publications_in_effect(open_rows) if open_rows else {}
+    visible = [r for r in open_rows if (c := current.get((r.dataset_id, r.partition_key))) is not None
+               and c.version_id == r.version_id]
+    covered = dict(Contamination.objects.filter(version_id__in=[r.version_id for r in visible], rebuild__isnull=False)
+                   .values_list("version_id", "rebuild_id"))
+    todo = [r for r in visible if r.version_id not in covered]
+    try:
+        with transaction.atomic():
+            for r in visible:
+                if r.version_id in covered:
+                    Contamination.objects.filter(pk=r.pk, rebuild__isnull=True).update(rebuild_id=covered[r.version_id])
+            if todo:
+                partitions: dict[str, set[str]] = {}
+                for r in todo:
+                    partitions.setdefault(r.version.run.job.name, set()).add(r.partition_key)
+                reason = f"rebuild after rollback of {label}"
+                request = backfill_request_create_partitions(
+                    actor=actor, partitions={k: sorted(v) for k, v in partitions.items()}, reason=reason,
+                    parent=parent)
+                claimed = Contamination.objects.filter(pk__in=[r.pk for r in todo], rebuild__isnull=True).update(
+                    rebuild=request)
+                if claimed != len(todo):
+                    raise _LostRace
                 audit_record(actor=actor, action="request.rebuild_after_rollback", object_type="request",
-                             object_id=request.pk, request_id=request.pk, dataset=job.dataset.name,
-                             reason=f"rebuild after rollback of {label}",
-                             data={"parent": parent.pk if parent else None, "partitions": sorted(keys)})
-        request.refresh_from_db()
-        if request.status == RequestStatus.DRAFT:  # also finishes a click that died between the two steps
-            request = backfill_request_submit(actor=actor, request_id=request.pk, confirm_overlap=True)
-        filed.append(request)
-    return filed
+                             object_id=request.pk, request_id=request.pk, dataset=request.job.dataset.name,
+                             reason=reason, data={"parent": parent.pk if parent else None,
+                                                  "partitions": {k: sorted(v) for k, v in sorted(partitions.items())}})
+                backfill_request_submit(actor=actor, request_id=request.pk, confirm_overlap=True)
+    except _LostRace:
+        logger.info("rebuild after rollback of %s was filed by a concurrent click", label)
+    ids = sorted({pk for pk in Contamination.objects.filter(pk__in=[r.pk for r in rows], rebuild__isnull=False)
+                  .values_list("rebuild_id", flat=True)})
+    if not ids:
+        raise ConflictError(f"every partition built from the rollback of {label} was republished since; "
+                            "nothing is left to rebuild", field="consumers")
+    return list(BackfillRequest.objects.filter(pk__in=ids).select_related("job__dataset").order_by("pk"))
 
 
 def rollback_rebuild(*, actor, request_id) -> list[BackfillRequest]:
-    """The one-click cascade after a request rollback: file a request for each consumer
-    job that read a rolled-back version, parent = the rolled-back request."""
+    """The one-click cascade after a request rollback: one request rebuilding the whole
+    contaminated closure, parent = the rolled-back request."""
     request = _get_request(request_id)
     _require_operator(actor, datasets=[request.job.dataset], action="rollback.rebuild", object_type="request",
                       object_id=request.pk, request_id=request.pk)
@@ -383,11 +586,11 @@ def rollback_rebuild(*, actor, request_id) -> list[BackfillRequest]:
     if not versions:
         raise ConflictError(f"request #{request.pk} has not been rolled back; there is nothing to rebuild",
                             field="status")
-    consumers = consumers_of(versions)
-    if not consumers:
-        raise ConflictError(f"no run read the versions rolled back from request #{request.pk}; nothing to rebuild",
-                            field="consumers")
-    return _file_rebuilds(actor=actor, consumers=consumers, parent=request, label=f"#{request.pk}")
+    rows = _closure_of(request=request)
+    if not rows.exists():
+        raise ConflictError(f"no published version was built from what request #{request.pk} rolled back; "
+                            "nothing to rebuild", field="consumers")
+    return _file_rebuild(actor=actor, rows=rows, parent=request, label=f"#{request.pk}")
 
 
 def partition_rollback_rebuild(*, actor, dataset: str, partition_key: str) -> list[BackfillRequest]:
@@ -398,19 +601,26 @@ def partition_rollback_rebuild(*, actor, dataset: str, partition_key: str) -> li
     if not versions:
         raise ConflictError(f"{dataset}/{partition_key} has not been rolled back; there is nothing to rebuild",
                             field="partition_key")
-    consumers = consumers_of(versions)
-    if not consumers:
-        raise ConflictError(f"no run read the rolled-back version of {dataset}/{partition_key}; nothing to rebuild",
-                            field="consumers")
+    rows = _closure_of(dataset=dataset_obj, partition_key=partition_key)
+    if not rows.exists():
+        raise ConflictError(f"no published version was built from the rolled-back version of "
+                            f"{dataset}/{partition_key}; nothing to rebuild", field="consumers")
     parent = versions[0].run.request
-    return _file_rebuilds(actor=actor, consumers=consumers, parent=parent, label=f"{dataset}/{partition_key}")
+    return _file_rebuild(actor=actor, rows=rows, parent=parent, label=f"{dataset}/{partition_key}")
 
 
 __all__ = [
+    "Contaminated",
+    "closure_entries",
     "consumers_of",
+    "contaminated_closure",
+    "contamination_status",
+    "impact_preview",
+    "partition_contamination",
     "partition_rollback",
     "partition_rollback_rebuild",
     "previous_verified",
+    "publications_in_effect",
     "request_rollback",
     "rollback_rebuild",
     "rollback_state",
