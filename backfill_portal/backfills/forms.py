@@ -153,7 +153,8 @@ class RequestRollbackForm(forms.Form):
                              widget=forms.Textarea(attrs={"rows": 2}),
                              help_text="Required. Every partition this request published goes back to its previous "
                                        "verified version, or none does.")
-    rebuild = forms.BooleanField(label="Also file requests to rebuild the consumers", required=False, initial=True)
+    rebuild = forms.BooleanField(label="Also file one request to rebuild the consumers and everything built from them",
+                                 required=False, initial=True)
 
 
 class ReasonForm(forms.Form):

@@ -27,14 +27,17 @@ from backfill_portal.core.web import (
     render_page,
 )
 from backfill_portal.warehouse.forms import RollbackForm
-from backfill_portal.warehouse.models import Publication
+from backfill_portal.warehouse.models import Contamination, Publication
 from backfill_portal.warehouse.registry import get_warehouse
 from backfill_portal.warehouse.selectors import partition_state
 from backfill_portal.warehouse.services.rollback import (
     consumers_of,
+    impact_preview,
+    partition_contamination,
     partition_rollback,
     partition_rollback_rebuild,
     previous_verified,
+    rollback_state,
 )
 
 PARTITIONS_PER_PAGE = 100
@@ -61,7 +64,8 @@ def dataset_detail(request, name: str):
 
     1. One GROUP BY: the newest publication id per partition key (keyset on the key).
     2. Those publications with their versions and runs.
-    3. The warehouse's pointers for the same keys (the truth), to flag a mirror that lags."""
+    3. The warehouse's pointers for the same keys (the truth), to flag a mirror that lags.
+    4. The closure entries among those versions, to flag what needs a rebuild."""
     ds = _dataset_or_404(name)
     page = keyset_page_by(
         Publication.objects.filter(dataset=ds).values("partition_key").annotate(last=Max("id")),
@@ -70,12 +74,16 @@ def dataset_detail(request, name: str):
              .select_related("version__run", "actor")}
     keys = [r["partition_key"] for r in page.rows]
     pointers = get_warehouse().current_many(ds.name, keys) if keys and not ds.is_source else {}
+    # 4. Which of those versions a rollback's closure names (built from a rolled-back input).
+    contaminated = set(Contamination.objects.filter(version_id__in=[p.version_id for p in by_id.values()])
+                       .values_list("version_id", flat=True))
     rows = []
     for r in page.rows:
         pub = by_id[r["last"]]
         warehouse_run = pointers.get(r["partition_key"])
         rows.append({"key": r["partition_key"], "pub": pub, "version": pub.version,
-                     "in_sync": warehouse_run == pub.version.run.run_id, "warehouse_run": warehouse_run})
+                     "in_sync": warehouse_run == pub.version.run.run_id, "warehouse_run": warehouse_run,
+                     "contaminated": pub.version_id in contaminated})
     return render_page(request, "warehouse/dataset.html", {"ds": ds, "page": page, "rows": rows,
                                                            "per_page": PARTITIONS_PER_PAGE})
 
@@ -106,6 +114,7 @@ def _partition_context(user, name: str, key: str) -> dict:
         "publications": pubs[:HISTORY_SHOWN], "more_history": max(0, len(pubs) - HISTORY_SHOWN),
         "versions": versions[:HISTORY_SHOWN], "target": target, "blocked": blocked,
         "can_rollback": may_roll_back(user, ds),
+        "contamination": None if ds.is_source else partition_contamination(dataset=ds, partition_key=key),
         "recent_rollback": in_effect if in_effect is not None and in_effect.action == Publication.Action.ROLLBACK
         else None,
     }
@@ -119,13 +128,17 @@ def partition_detail(request, name: str, key: str):
     # After a rollback: who read the version that was rolled back (one query).
     ctx["rolled_back_consumers"] = consumers_of([rolled.previous_version]) if rolled and rolled.previous_version_id \
         else []
+    # ...and the whole closure built from it, with where each entry stands.
+    ctx["rolled_back_impact"] = rollback_state(dataset=name, partition_key=key)["impact"] if rolled else []
     return render_page(request, "warehouse/partition.html", ctx)
 
 
 def _with_consumers(ctx: dict) -> dict:
-    """The rollback's impact: the consumer runs that read the current version, and the
-    datasets they produced."""
+    """The rollback's impact: the consumer runs that read the current version, the
+    datasets they produced, and the contaminated closure (every published version built
+    from it, directly or through others, with depth and via)."""
     ctx["consumers"] = consumers_of([ctx["current"]]) if ctx["current"] is not None else []
+    ctx["impact"] = impact_preview([ctx["current"]]) if ctx["current"] is not None else []
     ctx["consumer_datasets"] = sorted({c["dataset"] for c in ctx["consumers"]})
     return ctx
 
@@ -148,7 +161,7 @@ def partition_rollback_confirm(request, name: str, key: str):
     if not ctx["can_rollback"] and request.method == "GET":
         raise PermissionDenied("rolling back needs on-call, an admin or the dataset owner")
     if request.method == "GET":
-        ctx["form"] = RollbackForm(initial={"rebuild": bool(ctx["consumers"])})
+        ctx["form"] = RollbackForm(initial={"rebuild": bool(ctx["impact"])})
         return _confirm_response(request, ctx)
 
     form = RollbackForm(request.POST)
@@ -170,11 +183,13 @@ def partition_rollback_confirm(request, name: str, key: str):
         return _confirm_response(request, ctx, status=error_status(exc))
     text = (f"Rolled back {name}/{key}: readers now see {result['to_run_id']} again "
             f"(was {result['from_run_id']}).")
-    consumers = result["consumers"]
+    consumers, impact = result["consumers"], result["impact"]
     if consumers:
         text += f" {len(consumers)} consumer run(s) had read the rolled-back version."
+    if impact:
+        text += f" {len(impact)} published partition(s) were built from it and are marked until rebuilt."
     messages.success(request, text)
-    if data.get("rebuild") and consumers:
+    if data.get("rebuild") and impact:
         _file_rebuilds(request, name, key)
     return redirect_after_post(request, reverse("partition", args=[name, key]))
 
@@ -186,8 +201,10 @@ def _file_rebuilds(request, name: str, key: str) -> None:
         messages.error(request, f"The rebuild was not filed: {exc.message}")
         return
     if filed:
-        messages.info(request, "Filed for approval to rebuild the consumers: " + ", ".join(
-            f"#{r.pk} ({r.job.name} {r.first_partition}→{r.last_partition})" for r in filed) + ".")
+        messages.info(request, "Filed for approval to rebuild the consumers and everything built from them: "
+                      + ", ".join(f"#{r.pk} ({r.job.name} {r.first_partition}→{r.last_partition}"
+                                  f"{f' and {len(r.node_actions)} job(s) downstream' if r.node_actions else ''})"
+                                  for r in filed) + ".")
 
 
 @login_required

@@ -59,7 +59,7 @@ def test_oscar_rolls_back_a_partition_sees_the_impact_and_files_the_rebuild(
     page.get_by_role("button", name=re.compile("^Roll back to")).click()
     expect(page.locator("#id_reason_error, #rollback-confirm .errorlist")).to_contain_text("say why")
     page.get_by_label("Reason").fill("amounts doubled by the 02:00 deploy")
-    expect(page.get_by_label("Also file requests to rebuild the consumers")).to_be_checked()
+    expect(page.get_by_label("Also file one request to rebuild the consumers and everything built from them")).to_be_checked()
     page.get_by_role("button", name=re.compile("^Roll back to")).click()
 
     expect(page.get_by_role("status").filter(has_text="Rolled back dwd_order_items/2022-10-01")).to_be_visible()

@@ -75,9 +75,15 @@ class PartitionMoveSerializer(serializers.Serializer):
 
 class RequestRollbackResultSerializer(serializers.Serializer):
     request = serializers.IntegerField()
-    partitions = PartitionMoveSerializer(many=True)
+    partitions = PartitionMoveSerializer(many=True, required=False, help_text="POST: the pointer moves")
+    status = serializers.CharField(required=False, help_text="GET: the request's status")
+    rolled_back = serializers.ListField(child=serializers.DictField(), required=False,
+                                        help_text="GET: the versions rolled back")
     consumers = ConsumerSerializer(many=True)
-    rebuild = serializers.CharField(help_text="POST here to file requests rebuilding the consumers")
+    impact = serializers.ListField(child=serializers.DictField(),
+                                   help_text="the contaminated closure: every version published at the rollback "
+                                             "that was built from a rolled-back one, with depth, via and state")
+    rebuild = serializers.CharField(help_text="POST here to file the one request rebuilding the closure")
 
 
 # -- CSV ----------------------------------------------------------------------------------

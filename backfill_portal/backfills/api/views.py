@@ -144,7 +144,8 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @extend_schema(methods=["POST"], request=RollbackSerializer, responses=RequestRollbackResultSerializer,
                    description="Move every partition this request published back to its previous verified "
                                "version (compare-and-set: 409 if someone published since), and list the "
-                               "consumer runs that read the rolled-back versions.")
+                               "consumer runs that read the rolled-back versions and the contaminated closure "
+                               "(`impact`).")
     @extend_schema(methods=["GET"], request=None, responses=RequestRollbackResultSerializer)
     @action(detail=True, methods=["get", "post"])
     def rollback(self, request, pk=None):
@@ -158,8 +159,9 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         return Response(state)
 
     @extend_schema(request=None, responses={201: RequestSerializer(many=True)},
-                   description="One click: file (create and submit) a request for each consumer job that read a "
-                               "rolled-back version, over the affected partitions, parent = this request.")
+                   description="One click: file (create and submit) ONE request rebuilding the whole contaminated "
+                               "closure of this request's rollback in layer order, parent = this request; asking "
+                               "again returns the same request.")
     @action(detail=True, methods=["post"], url_path="rollback/rebuild", url_name="rollback-rebuild")
     def rollback_rebuild(self, request, pk=None):
         filed = rollback_service.rollback_rebuild(actor=request.user, request_id=pk)

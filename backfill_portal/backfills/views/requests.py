@@ -63,6 +63,7 @@ from backfill_portal.warehouse.services.rollback import (
     ROLLBACKABLE_REQUEST_STATES,
     request_rollback,
     rollback_rebuild,
+    rollback_state,
 )
 
 # Polling stops once nothing will change without a person acting. `failed` is not
@@ -469,6 +470,8 @@ def request_detail(request, pk: int, *, status: int = 200, show_confirm_overlap:
         "decision_form": DecisionForm(), "cancel_form": ReasonForm(), "rollback_form": RequestRollbackForm(),
         "show_confirm_overlap": show_confirm_overlap,
         "show_reconciliation": req.status in RECON_SHOWN_STATES,
+        "rollback_impact": rollback_state(request_id=req.pk)["impact"] if req.status == RequestStatus.ROLLED_BACK
+        else [],
     }, status=status)
 
 
@@ -527,8 +530,9 @@ def _run_action(verb: str, request, pk: int) -> str:
         form.is_valid()
         result = request_rollback(actor=user, request_id=pk, reason=form.cleaned_data.get("reason", ""))
         text = (f"Request #{pk} rolled back: {len(result['partitions'])} partition(s) show their previous verified "
-                f"version again; {len(result['consumers'])} consumer run(s) had read the rolled-back versions.")
-        if form.cleaned_data.get("rebuild") and result["consumers"]:
+                f"version again; {len(result['consumers'])} consumer run(s) had read the rolled-back versions; "
+                f"{len(result['impact'])} published partition(s) were built from them and are marked until rebuilt.")
+        if form.cleaned_data.get("rebuild") and result["impact"]:
             try:
                 filed = rollback_rebuild(actor=user, request_id=pk)
             except ApplicationError as exc:
