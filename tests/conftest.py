@@ -182,6 +182,60 @@ TEST_CATALOG = textwrap.dedent(
 )
 
 
+# Two more layers under dws_sales_daily, added to TEST_CATALOG only by the tests that
+# need depth (tests/reconciliation/helpers.catalog_text(deep=True)): adding them to
+# TEST_CATALOG itself would change every cascade from dws_sales_daily. ads_gmv_report
+# is the day's total; gmv_to_date is cumulative (depends_on_past: each partition reads
+# the previous one through ref_previous()).
+DEPTH_CATALOG = textwrap.dedent(
+    """
+    datasets:
+      - name: ads_gmv_report
+        owner: rita
+        team: finance
+        timezone: Asia/Shanghai
+        grain: day
+        business_key: [ds]
+        core_measure: gmv
+        columns:
+          - {name: ds, type: text}
+          - {name: gmv, type: numeric}
+      - name: gmv_to_date
+        owner: finn
+        team: finance
+        timezone: Asia/Shanghai
+        grain: day
+        business_key: [ds]
+        core_measure: gmv
+        columns:
+          - {name: ds, type: text}
+          - {name: gmv, type: numeric}
+    jobs:
+      - name: ads_gmv_report
+        produces: ads_gmv_report
+        reads: [dws_sales_daily]
+        kind: sql
+        pool: warehouse
+        sql: |
+          SELECT {{ partition_key }} AS ds, ROUND(CAST(COALESCE(SUM(s.gmv), 0) AS NUMERIC), 2) AS gmv
+          FROM {{ ref('dws_sales_daily') }} AS s
+      - name: gmv_to_date
+        produces: gmv_to_date
+        reads: [ads_gmv_report]
+        kind: sql
+        pool: warehouse
+        depends_on_past: true
+        max_concurrent_runs: 1
+        sql: |
+          SELECT {{ partition_key }} AS ds, ROUND(CAST(SUM(u.gmv) AS NUMERIC), 2) AS gmv FROM (
+            SELECT p.gmv AS gmv FROM {{ ref_previous() }} AS p
+            UNION ALL
+            SELECT a.gmv AS gmv FROM {{ ref('ads_gmv_report') }} AS a
+          ) AS u
+    """
+)
+
+
 @pytest.fixture(autouse=True)
 def audit_anchor_path(settings, tmp_path):
     """Each test anchors the audit log in its own file, never in the worktree's var/."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from backfill_portal.catalog.services.sync import catalog_sync
-from tests.conftest import TEST_CATALOG
+from tests.conftest import DEPTH_CATALOG, TEST_CATALOG
 from tests.execution.test_pipeline import approved_request
 
 # The 2 a.m. incident's job: the good query's rows appended a second time. The copy
@@ -20,10 +20,14 @@ DOUBLED_SQL = """SELECT l.order_id, l.item_id || s.suffix AS item_id, l.category
 """
 
 
-def catalog_text(*, dwd_sql: str | None = None) -> str:
+def catalog_text(*, dwd_sql: str | None = None, deep: bool = False) -> str:
     """TEST_CATALOG plus a non-deterministic python job; optionally another SQL for
-    dwd_order_items (a code change deployed)."""
+    dwd_order_items (a code change deployed), and the two layers of DEPTH_CATALOG."""
     doc = yaml.safe_load(TEST_CATALOG)
+    if deep:
+        extra = yaml.safe_load(DEPTH_CATALOG)
+        doc["datasets"] += extra["datasets"]
+        doc["jobs"] += extra["jobs"]
     sample = next(d for d in doc["datasets"] if d["name"] == "dwd_order_items_py")
     doc["datasets"].append({**sample, "name": "dwd_order_items_sample"})
     doc["jobs"].append({"name": "dwd_order_items_sample", "produces": "dwd_order_items_sample",
@@ -34,8 +38,8 @@ def catalog_text(*, dwd_sql: str | None = None) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def deploy(*, dwd_sql: str | None = None) -> None:
-    catalog_sync(text=catalog_text(dwd_sql=dwd_sql))
+def deploy(*, dwd_sql: str | None = None, deep: bool = False) -> None:
+    catalog_sync(text=catalog_text(dwd_sql=dwd_sql, deep=deep))
 
 
 def run_request(personas, queue, **kwargs):
