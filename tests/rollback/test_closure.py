@@ -241,3 +241,44 @@ def test_rebuild_of_a_closure_that_is_gone_is_a_clear_409(personas, ready, wareh
     # Not allowed: 403, audited, nothing filed.
     assert api("alice").post(response.json()["rebuild"]).status_code == 403
     assert AuditEvent.objects.filter(action="denied.rollback.rebuild", actor_name="alice").exists()
+
+
+def test_a_run_that_read_a_rolled_back_or_contaminated_input_is_not_published(personas, ready, warehouse, api):
+    from backfill_portal.execution.models import CheckResult
+    from tests.execution.test_pipeline import approved_request
+
+    deploy(deep=True)
+    run_request(personas, ready, start=DAYS[0], end=DAYS[1])
+    deploy(dwd_sql=DOUBLED_SQL, deep=True)
+    bad = run_request(personas, ready, start=DAYS[0], end=DAYS[1])
+    deploy(deep=True)
+    bad_runs = {d: run_of(bad, "dwd_order_items", d) for d in DAYS[:2]}
+    # dws 2022-10-02 is published from the bad version; dws 2022-10-01 pinned it and waits for verification.
+    published = run_request(personas, ready, job="dws_sales_daily", start=DAYS[1], end=DAYS[1], approver="sam")
+    in_flight = approved_request(personas, job="dws_sales_daily", start=DAYS[0], end=DAYS[0], approver="sam")
+    ready.drain(skip=lambda task, args: task == "execution.verify_run")
+    staged = Run.objects.get(request=in_flight)
+    assert staged.status == RunStatus.STAGED
+    assert api("oscar").post(f"/api/requests/{bad.pk}/rollback/", {"reason": "doubled"},
+                             format="json").status_code == 200
+
+    # 1. Pinned before the rollback, verified after it: refused, nothing becomes visible.
+    ready.drain()
+    staged.refresh_from_db()
+    assert staged.status == RunStatus.VERIFICATION_FAILED
+    check = CheckResult.objects.get(run=staged, name="inputs_not_rolled_back")
+    assert not check.passed and check.blocking
+    assert f"dwd_order_items/{DAYS[0]} {bad_runs[DAYS[0]].run_id} (rolled back)" in check.message
+    assert warehouse.current("dws_sales_daily", DAYS[0]) is None
+
+    # 2. Reading a partition still waiting for its rebuild: refused too.
+    contaminated = run_of(published, "dws_sales_daily", DAYS[1])
+    ads = run_request(personas, ready, job="ads_gmv_report", start=DAYS[1], end=DAYS[1], approver="rita")
+    run = run_of(ads, "ads_gmv_report", DAYS[1])
+    assert run.status == RunStatus.VERIFICATION_FAILED
+    message = CheckResult.objects.get(run=run, name="inputs_not_rolled_back").message
+    assert f"dws_sales_daily/{DAYS[1]} {contaminated.run_id} (built from a rolled-back input)" in message
+    assert warehouse.current("ads_gmv_report", DAYS[1]) is None
+    # What is clean still publishes: ads on a day nothing bad reached.
+    clean = run_request(personas, ready, job="ads_gmv_report", start=DAYS[2], end=DAYS[2], approver="rita")
+    assert run_of(clean, "ads_gmv_report", DAYS[2]).status == RunStatus.PUBLISHED

@@ -3,8 +3,8 @@
 Checks (each blocking or warning, stored with their numbers):
 row count above zero; row count within a band of the trailing baseline; zero
 duplicate business keys; zero NULL business keys; core measure against the source
-for the same interval; declared schema; the catalog's custom SQL assertions
-(rows returned = failure). A blocking failure leaves the old version visible.
+for the same interval; declared schema; no pinned input rolled back or built from a
+rolled-back one; the catalog's custom SQL assertions (rows returned = failure). A blocking failure leaves the old version visible.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus as I
@@ -87,6 +88,7 @@ def compute_checks(run: Run, warehouse) -> list[Check]:
                         observed={"declared": declared, "produced": produced},
                         message="; ".join(filter(None, [f"undeclared: {', '.join(extra)}" if extra else "",
                                                         f"missing: {', '.join(missing)}" if missing else ""]))))
+    checks.append(inputs_not_rolled_back(run))
     pins = LazyPins(run, warehouse)
     this_sql = warehouse.ref_sql(spec=spec, pins={run.partition_key: run.run_id})
     if dataset.source_measure_sql and dataset.core_measure:
@@ -116,6 +118,21 @@ def compute_checks(run: Run, warehouse) -> list[Check]:
             checks.append(Check(custom["name"], rows == 0, blocking=blocking, observed={"failing_rows": rows},
                                 message="" if rows == 0 else f"{rows} row(s) violate the assertion"))
     return checks
+
+
+def inputs_not_rolled_back(run: Run) -> Check:
+    """Blocking: none of the versions this run pinned was rolled back, or was built from
+    one (an entry of a rollback's contaminated closure). A run that pinned its inputs
+    before a rollback, or read a partition still waiting for its rebuild, would
+    otherwise publish numbers from the bad version that no closure names. One query."""
+    bad = list(Consumption.objects.filter(run=run, version__isnull=False).filter(
+        Q(version__run__status=S.ROLLED_BACK) | Q(version__contaminations__isnull=False))
+        .values_list("dataset__name", "partition_key", "version__run__run_id", "version__run__status")
+        .distinct().order_by("dataset__name", "partition_key")[:20])
+    shown = [f"{ds}/{part} {run_id} ({'rolled back' if status == S.ROLLED_BACK else 'built from a rolled-back input'})"
+             for ds, part, run_id, status in bad]
+    return Check("inputs_not_rolled_back", not bad, observed={"inputs": shown},
+                 message="" if not bad else "read " + "; ".join(shown) + ": rerun it on the restored (or rebuilt) inputs")
 
 
 def failing_rows(warehouse, assertions: list[str | Exception]) -> list[int | Exception]:
