@@ -153,6 +153,12 @@ def test_a_plain_request_on_a_depends_on_past_dataset_rebuilds_its_later_partiti
     for day in DAYS:
         assert gmv(warehouse, "running_totals", day, "gmv_to_date") == expected[day], day
     assert current_run(warehouse, "running_totals", DAYS[0]) == history[DAYS[0]]  # before P: untouched
+    # Their numbers moved with 10-02: reconciliation labels each as recomputed, and one
+    # that moved beyond the measure tolerance (0.1%) wants an explanation before sign-off.
+    rows = {r["partition_key"]: r for r in api("alice").get(f"/api/requests/{request.pk}/reconciliation/").json()["rows"]}
+    assert all(rows[day]["recomputed"] for day in DAYS[1:])
+    assert rows[DAYS[2]]["status"] == "unexplained"
+    assert any(d.startswith("recomputed against") for d in rows[DAYS[2]]["deviations"])
 
 
 def test_a_cascade_includes_the_stale_partitions_of_a_depends_on_past_node_and_what_reads_them(

@@ -139,12 +139,14 @@ def _inputs(run_pks: list[int]) -> dict[int, dict[tuple[int, str], tuple]]:
     return out
 
 
-def _recomputed(after_inputs: dict, before_inputs: dict, own_dataset_id: int) -> list[str]:
+def _recomputed(after_inputs: dict, before_inputs: dict) -> list[str]:
     """Which inputs changed since the previous version read them: a source whose
-    watermark moved, or an upstream version with a different fingerprint."""
+    watermark moved, or an input version with a different fingerprint. For a
+    depends_on_past job that includes its own previous partition: a partition rebuilt
+    because an earlier one was republished moved with it, and must say so."""
     changed = []
     for (ds_id, part), (is_source, watermark, fp) in after_inputs.items():
-        if ds_id == own_dataset_id or (ds_id, part) not in before_inputs:
+        if (ds_id, part) not in before_inputs:
             continue
         _, old_watermark, old_fp = before_inputs[(ds_id, part)]
         if is_source and watermark and old_watermark and watermark != old_watermark:
@@ -332,7 +334,7 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
                 if observed.get("source") is not None:
                     row.measure_source = float(observed["source"])
                 if prev is not None and prev.run_id != run_id:
-                    row.recomputed = bool(_recomputed(inputs.get(run_pk, {}), inputs.get(prev.run_pk, {}), dataset.pk))
+                    row.recomputed = bool(_recomputed(inputs.get(run_pk, {}), inputs.get(prev.run_pk, {})))
             if downstream is not None:
                 row.downstream_dataset = downstream.name
                 row.downstream_partition = down_parts.get(key, "")
