@@ -224,6 +224,19 @@ def test_excluding_a_partition_that_is_not_stale_is_refused_with_the_field_named
     assert "2022-10-01" in err.value.fields["exclude_stale"][0]
 
 
+def test_stale_partitions_count_towards_the_interval_limit_and_the_message_says_how_to_fit(
+        personas, task_queue, warehouse, history, api, settings):
+    settings.BACKFILL_MAX_INTERVALS = 3
+    body = {"job": "running_totals", "start": DAYS[1], "end": DAYS[1], "reason": "fix"}
+    refused = api("alice").post("/api/requests/", body, format="json")
+    assert refused.status_code == 400
+    assert "3 of them stale later partitions" in refused.json()["errors"]["end"][0]
+    assert "exclude_stale" in refused.json()["errors"]["end"][0]
+    fits = api("alice").post("/api/requests/", {**body, "exclude_stale": {"running_totals": [DAYS[-1]]}},
+                             format="json")
+    assert fits.status_code == 201 and fits.json()["interval_count"] == 3
+
+
 def test_the_form_preview_lists_the_stale_partitions_and_a_ticked_box_excludes_one(
         personas, task_queue, warehouse, history):
     from django.test import Client

@@ -153,8 +153,11 @@ def backfill_request_create(
         errors[STALE_FIELD] = unplanned
     total = len(planned) + sum(len(n.partitions) for n in cascade_plan if n.action != NodeAction.HANDOFF)
     if planned and total > settings.BACKFILL_MAX_INTERVALS and not errors:
+        n_stale = sum(len(s.included) for s in stale.values())
         errors.setdefault("end", []).append(
-            f"with its cascade this range has {total} intervals; the limit is {settings.BACKFILL_MAX_INTERVALS}")
+            f"with its cascade this range has {total} intervals; the limit is {settings.BACKFILL_MAX_INTERVALS}"
+            + (f" ({n_stale} of them stale later partitions of depends_on_past datasets: exclude them "
+               f"in {STALE_FIELD} or split the request)" if n_stale else ""))
     if errors:
         first_field, messages = next(iter(errors.items()))
         raise ValidationError(f"{first_field}: {messages[0]}", fields=errors)
