@@ -86,6 +86,6 @@ def check_exclusions(exclude: dict[str, list[str]] | None, planned: dict[str, St
     errors = []
     for name in exclude or {}:
         if name not in planned:
-            errors.append(f"{name} has no stale later partitions in this plan: only a depends_on_past job "
+            errors.append(f"{name!r} has no stale later partitions in this plan: only a depends_on_past job "
                           "whose partitions after the republished ones are published has any")
     return errors

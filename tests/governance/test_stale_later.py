@@ -224,6 +224,32 @@ def test_excluding_a_partition_that_is_not_stale_is_refused_with_the_field_named
     assert "2022-10-01" in err.value.fields["exclude_stale"][0]
 
 
+def test_the_api_preview_lists_the_stale_partitions_and_writes_nothing(personas, task_queue, warehouse, history, api):
+    before = (BackfillRequest.objects.count(), AuditEvent.objects.count())
+    body = {"job": "dws_sales_daily", "start": DAYS[1], "end": DAYS[1], "cascade": "cascade"}
+    response = api("alice").post("/api/requests/preview/", body, format="json")
+    assert response.status_code == 200, response.json()
+    plan = response.json()
+    assert plan["stale"] == [{"job": "running_totals", "after": DAYS[1], "included": LATER, "excluded": []}]
+    nodes = {n["job"]: n for n in plan["downstream"]}
+    assert (nodes["running_totals"]["intervals"], nodes["totals_snapshot"]["intervals"]) == (4, 4)
+    assert {(s["kind"], s["dataset"], s["approver"]) for s in plan["approval_steps"]} == {
+        ("owner", "dws_sales_daily", "sam"), ("downstream", "running_totals", "rita"),
+        ("downstream", "monthly_summary", "rita"), ("downstream", "totals_snapshot", "sam")}
+    excluded = api("alice").post("/api/requests/preview/", {**body, "exclude_stale": {"running_totals": LATER[1:]}},
+                                 format="json").json()
+    assert excluded["stale"] == [{"job": "running_totals", "after": DAYS[1], "included": LATER[:1],
+                                  "excluded": LATER[1:]}]
+    # What reads running_totals follows the shorter span: 10-02 and 10-03.
+    assert {n["job"]: n["intervals"] for n in excluded["downstream"]}["totals_snapshot"] == 2
+    for bad, field in (({"exclude_stale": {"running_totals": ["2022-10-09"]}}, "exclude_stale"),
+                       ({"job": "nope"}, "job"), ({"start": "10/02"}, "start"),
+                       ({"side_effects": ["dws_sales_daily"]}, "side_effects")):
+        refused = api("alice").post("/api/requests/preview/", {**body, **bad}, format="json")
+        assert refused.status_code == 400 and field in refused.json()["errors"], (bad, refused.json())
+    assert (BackfillRequest.objects.count(), AuditEvent.objects.count()) == before
+
+
 def test_stale_partitions_count_towards_the_interval_limit_and_the_message_says_how_to_fit(
         personas, task_queue, warehouse, history, api, settings):
     settings.BACKFILL_MAX_INTERVALS = 3

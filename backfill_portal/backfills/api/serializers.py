@@ -29,6 +29,54 @@ class RequestCreateSerializer(serializers.Serializer):
                   "that it should leave as they are (recorded in the audit log); any other key is refused")
 
 
+class RequestPreviewSerializer(serializers.Serializer):
+    """What the plan depends on; nothing is written."""
+
+    job = serializers.CharField(max_length=128)
+    start = serializers.CharField(max_length=64, help_text="first partition, inclusive")
+    end = serializers.CharField(max_length=64, help_text="last partition, inclusive")
+    cascade = serializers.ChoiceField(choices=Cascade.choices, default=Cascade.NONE)
+    side_effects = serializers.ListField(child=serializers.CharField(max_length=128), default=list)
+    exclude_stale = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField(max_length=40), max_length=10000),
+        required=False, default=dict, help_text="as for create: {depends_on_past job: [partition]} to leave out")
+
+
+class StaleLaterSerializer(serializers.Serializer):
+    job = serializers.CharField()
+    after = serializers.CharField(help_text="the last partition the request republishes")
+    included = serializers.ListField(child=serializers.CharField(), help_text="rebuilt in order after `after`")
+    excluded = serializers.ListField(child=serializers.CharField(), help_text="left out by the requester")
+
+
+class PreviewNodeSerializer(serializers.Serializer):
+    job = serializers.CharField()
+    layer = serializers.IntegerField()
+    action = serializers.CharField()
+    intervals = serializers.IntegerField()
+
+
+class PreviewStepSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    dataset = serializers.CharField(allow_null=True)
+    job = serializers.CharField(allow_null=True)
+    approver = serializers.CharField(allow_null=True, help_text="null: any admin")
+
+
+class RequestPreviewResultSerializer(serializers.Serializer):
+    job = serializers.CharField()
+    intervals = serializers.IntegerField(help_text="the target's intervals, its stale later partitions included")
+    total = serializers.IntegerField(help_text="with the cascade")
+    first_partition = serializers.CharField()
+    last_partition = serializers.CharField()
+    range_start = serializers.DateTimeField()
+    range_end = serializers.DateTimeField()
+    stale = StaleLaterSerializer(many=True)
+    downstream = PreviewNodeSerializer(many=True)
+    approval_steps = PreviewStepSerializer(many=True)
+    overlaps = serializers.ListField(child=serializers.IntegerField(), help_text="active requests it overlaps")
+
+
 class SubmitSerializer(serializers.Serializer):
     confirm_overlap = serializers.BooleanField(default=False)
 

@@ -9,9 +9,14 @@ from backfill_portal.backfills.api.serializers import (
     ReasonSerializer,
     RequestCreateSerializer,
     RequestDetailSerializer,
+    RequestPreviewResultSerializer,
+    RequestPreviewSerializer,
     RequestSerializer,
     SubmitSerializer,
 )
+from backfill_portal.backfills.preview import request_plan_preview
+from backfill_portal.catalog.models import Job
+from backfill_portal.core.errors import ValidationError
 from backfill_portal.backfills.selectors import request_list
 from backfill_portal.backfills.services.requests import (
     backfill_request_cancel,
@@ -57,6 +62,32 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         body.is_valid(raise_exception=True)
         obj, created = backfill_request_create(actor=request.user, **body.validated_data)
         return self._detail(obj, status.HTTP_201_CREATED if created else status.HTTP_200_OK, intervals_limit=None)
+
+    @extend_schema(request=RequestPreviewSerializer, responses=RequestPreviewResultSerializer,
+                   description="The plan a request would freeze, without writing anything: its intervals "
+                               "(with the stale later partitions of a depends_on_past dataset, which "
+                               "`exclude_stale` may leave out), the cascade, the approval steps, overlaps.")
+    @action(detail=False, methods=["post"])
+    def preview(self, request):
+        body = RequestPreviewSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = dict(body.validated_data)
+        job = Job.objects.select_related("dataset__owner").filter(name=data.pop("job"), dataset__is_source=False).first()
+        if job is None:
+            raise ValidationError(f"job {request.data.get('job')!r} does not exist or is a source", field="job")
+        plan = request_plan_preview(user=request.user, **data, job=job)
+        return Response(RequestPreviewResultSerializer({
+            "job": job.name, "intervals": len(plan.planned), "total": plan.total,
+            "first_partition": plan.planned[0].partition_key, "last_partition": plan.planned[-1].partition_key,
+            "range_start": plan.planned[0].start, "range_end": plan.planned[-1].end,
+            "stale": [{"job": s.job.name, **s.as_dict()} for s in plan.stale],
+            "downstream": [{"job": n.job.name, "layer": n.layer, "action": n.action, "intervals": len(n.partitions)}
+                           for n in plan.downstream],
+            "approval_steps": [{"kind": st.kind, "dataset": st.dataset.name if st.dataset else None,
+                                "job": st.job.name if st.job else None,
+                                "approver": st.approver.username if st.approver else None} for st in plan.steps],
+            "overlaps": [o.pk for o in plan.overlaps],
+        }).data)
 
     @extend_schema(request=SubmitSerializer, responses=RequestDetailSerializer)
     @action(detail=True, methods=["post"])

@@ -31,21 +31,17 @@ from backfill_portal.backfills.forms import (
     partition_format,
 )
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
-from backfill_portal.backfills.planning import dst_notes, plan_intervals
+from backfill_portal.backfills.planning import dst_notes
+from backfill_portal.backfills.preview import request_plan_preview
 from backfill_portal.backfills.selectors import interval_buckets, request_progress, request_rows
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
-from backfill_portal.backfills.staleness import stale_later
 from backfill_portal.backfills.services.requests import (
-    NodeAction,
-    approval_plan,
     backfill_request_cancel,
     backfill_request_create,
     backfill_request_decide,
     backfill_request_submit,
-    plan_cascade,
 )
-from backfill_portal.backfills.transitions import REQUEST_ACTIVE, REQUEST_EDGES, REQUEST_TERMINAL
-from backfill_portal.catalog.choices import JobKind
+from backfill_portal.backfills.transitions import REQUEST_EDGES, REQUEST_TERMINAL
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ApplicationError, ConflictError, NotFound, ValidationError
 from backfill_portal.core.roles import Role, has_role
@@ -87,15 +83,6 @@ def request_or_404(pk) -> BackfillRequest:
     if req is None:
         raise NotFound(f"backfill request {pk} does not exist")
     return req
-
-
-def _overlapping_active(job: Job, start, end, *, exclude_pk=None, limit: int = 20) -> list[BackfillRequest]:
-    """Active requests on the job whose UTC span overlaps [start, end) (plans are contiguous)."""
-    qs = (BackfillRequest.objects.select_related("requested_by")
-          .filter(job=job, status__in=REQUEST_ACTIVE, range_start__lt=end, range_end__gt=start).order_by("pk"))
-    if exclude_pk is not None:
-        qs = qs.exclude(pk=exclude_pk)
-    return list(qs[:limit])
 
 
 def _grid(req: BackfillRequest, total: int) -> dict:
@@ -388,57 +375,32 @@ def _preview_context(user, *, job: Job | None, start: str, end: str, effects: li
         ctx["hint"] = "Enter the first and last partition to preview the plan."
         return ctx
     try:
-        planned = plan_intervals(grain=ds.grain, timezone=ds.timezone, first=ctx["start"], last=ctx["end"],
-                                 limit=settings.BACKFILL_MAX_INTERVALS)
-    except ValidationError as exc:
-        ctx["errors"] = [m for ms in exc.fields.values() for m in ms] or [exc.message]
-        return ctx
-    downstream, stale = [], []
-    try:
-        excluded = StaleExclusionField(required=False).clean(list(exclude))
-        if job.depends_on_past:  # the same stale set the service will freeze
-            root = stale_later(job=job, after=planned[-1], exclude=excluded.get(job.name, ()))
-            stale.append(root)
-            planned = planned + root.included
-        if cascade in (Cascade.CASCADE, Cascade.HANDOFF):
-            # plan_cascade only reads (the lineage graph and the catalog): the same
-            # downstream set the service will freeze at creation.
-            downstream = plan_cascade(job=job, cascade=cascade, start=planned[0].start, end=planned[-1].end,
-                                      authorised=set(effects), overrides={}, exclude_stale=excluded)
+        plan = request_plan_preview(user=user, job=job, start=ctx["start"], end=ctx["end"], side_effects=effects,
+                               cascade=cascade, exclude_stale=StaleExclusionField(required=False).clean(list(exclude)))
     except ValidationError as exc:
         ctx["errors"] = [m for ms in exc.fields.values() for m in ms] or [exc.message]
         return ctx
     except DjangoValidationError as exc:
         ctx["errors"] = list(exc.messages)
         return ctx
-    stale += [n.stale for n in downstream if n.stale is not None]
-    total = len(planned) + sum(len(n.partitions) for n in downstream if n.action != NodeAction.HANDOFF)
-    if total > settings.BACKFILL_MAX_INTERVALS:
-        ctx["errors"] = [f"with its cascade this range has {total} intervals; "
-                         f"the limit is {settings.BACKFILL_MAX_INTERVALS}"]
-        return ctx
+    planned, downstream = plan.planned, plan.downstream
     notes = dst_notes(planned)
     ctx.update({
-        "count": len(planned), "first": planned[0], "last": planned[-1], "total": total,
+        "count": len(planned), "first": planned[0], "last": planned[-1], "total": plan.total,
         "utc_start": planned[0].start, "utc_end": planned[-1].end,
         "stale": [{"job": s.job.name, "after": s.after, "owner": s.job.dataset.owner.username,
-                   "partitions": s.marked()}
-                  for s in stale if s.included or s.excluded],
+                   "partitions": s.marked()} for s in plan.stale],
         "notes": notes[:24], "more_notes": max(0, len(notes) - 24),
-        "overlaps": _overlapping_active(job, planned[0].start, planned[-1].end),
+        "overlaps": plan.overlaps,
         "downstream": [{"job": n.job.name, "layer": n.layer, "action": n.action, "intervals": len(n.partitions)}
                        for n in downstream],
-        "steps": _step_previews(user, job, effects, total, downstream),
+        "steps": _step_previews(plan.steps, plan.total),
     })
     return ctx
 
 
-def _step_previews(user, job: Job, effects: list[str], count: int, downstream: list) -> list[StepPreview]:
+def _step_previews(plan: list, count: int) -> list[StepPreview]:
     """What submission will create: the same approval_plan, described."""
-    chosen = (Job.objects.select_related("dataset__owner").filter(name__in=effects, kind=JobKind.SIDE_EFFECT)
-              if effects else [])
-    plan = approval_plan(requester_id=user.pk, job=job, side_effects=chosen, interval_count=count,
-                         rebuilt=[n.job for n in downstream if n.action == NodeAction.REBUILD])
     steps = []
     for step in plan:
         if step.kind == StepKind.ADMIN:
