@@ -1,7 +1,6 @@
 """Home page and the audit log pages."""
 from __future__ import annotations
 
-import csv
 import json
 
 from django import forms
@@ -11,6 +10,7 @@ from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.selectors import handoffs_waiting_for, request_rows, steps_waiting_for
+from backfill_portal.core.csv_export import csv_writer
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.web import keyset_page, query_without, render_page
 from backfill_portal.warehouse.models import Publication
@@ -78,30 +78,14 @@ class _Echo:
         return value
 
 
-def _cell(value) -> str:
-    """Neutralise spreadsheet formulas in free text (CSV injection), keep plain values."""
-    text = "" if value is None else str(value)
-    if text[:1] in ("=", "+", "@", "\t", "\r") or (text[:1] == "-" and len(text) > 1 and not _is_number(text)):
-        return "'" + text
-    return text
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def _csv_rows(qs):
-    writer = csv.writer(_Echo())
+    writer = csv_writer(_Echo())
     yield writer.writerow(CSV_COLUMNS)
     for e in qs.iterator(chunk_size=2000):
         yield writer.writerow([
-            e.pk, e.at.isoformat(), _cell(e.actor_name), _cell(e.action), _cell(e.object_type), _cell(e.object_id),
-            e.request_id if e.request_id is not None else "", _cell(e.dataset), e.from_state, e.to_state,
-            _cell(e.reason), _cell(json.dumps(e.data, sort_keys=True)), e.prev_hash, e.hash,
+            e.pk, e.at.isoformat(), e.actor_name, e.action, e.object_type, e.object_id,
+            e.request_id, e.dataset, e.from_state, e.to_state, e.reason, json.dumps(e.data, sort_keys=True),
+            e.prev_hash, e.hash,
         ])
 
 

