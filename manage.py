@@ -1,5 +1,9 @@
 #!/usr/bin/env python
-"""Django's command-line utility for Backfill Portal."""
+"""Django's command-line utility for Backfill Portal.
+
+A failure is one line on stderr and a non-zero exit, never a traceback (`--traceback`
+shows it): the project's commands do this themselves (core/management/base.py); here,
+a bad setting and whatever Django's own commands raise get the same one line."""
 import os
 import sys
 
@@ -16,7 +20,14 @@ def main():
         # A bad or missing environment value: one line for the operator, no traceback.
         sys.exit(f"configuration error: {exc}")
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+    except Exception as exc:
+        if "--traceback" in sys.argv:
+            raise
+        from backfill_portal.core.management.base import describe_failure
+
+        sys.exit(f"error: {describe_failure(exc)}")
 
 
 if __name__ == "__main__":

@@ -43,3 +43,8 @@ class ConflictError(ApplicationError):
 
     status_code = 409
     code = "conflict"
+
+
+class Unavailable(Exception):
+    """A database or service the portal needs refused the connection or is down; the
+    message says which. Not an ApplicationError: the caller may retry later."""

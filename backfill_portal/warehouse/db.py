@@ -15,12 +15,12 @@ import threading
 from datetime import datetime, timezone
 from urllib.parse import unquote, urlparse
 
-from backfill_portal.core.errors import ValidationError
+from backfill_portal.core.errors import Unavailable, ValidationError
 
 SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
-class WarehouseUnavailable(Exception):
+class WarehouseUnavailable(Unavailable):
     """The warehouse refused the connection or the statement could not run."""
 
 

@@ -1,9 +1,10 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from backfill_portal.catalog.services.sync import CatalogError, catalog_sync_file
+from backfill_portal.core.management.base import PortalCommand, describe_failure
 
 
-class Command(BaseCommand):
+class Command(PortalCommand):
     help = "Sync a YAML catalog file into the database (idempotent); prints what it created, changed, left."
 
     def add_arguments(self, parser):
@@ -13,7 +14,7 @@ class Command(BaseCommand):
         try:
             report = catalog_sync_file(path=path)
         except CatalogError as exc:
-            lines = [exc.message] + [f"  {field}: {msg}" for field, msgs in exc.fields.items() for msg in msgs]
-            raise CommandError("\n".join(lines)) from None
+            line = describe_failure(exc)
+            raise CommandError(line if str(path) in line else f"{path}: {line}") from None
         for line in report.lines():
             self.stdout.write(line)

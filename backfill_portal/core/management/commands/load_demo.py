@@ -6,11 +6,12 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.models import Group, User
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.catalog.services.sync import CatalogError, catalog_sync_file
+from backfill_portal.core.management.base import PortalCommand
 from backfill_portal.core.roles import Role
 from backfill_portal.warehouse.registry import get_warehouse, spec_for
 
@@ -59,7 +60,7 @@ def ensure_demo_users(*, with_passwords: bool = True) -> list[str]:
     return created
 
 
-class Command(BaseCommand):
+class Command(PortalCommand):
     help = "Load demo users, the demo catalog, warehouse tables and synthetic source data (idempotent)."
 
     def add_arguments(self, parser):
@@ -76,6 +77,7 @@ class Command(BaseCommand):
 
         from backfill_portal.warehouse.demo_data import load_demo_sources
 
+        warehouse = get_warehouse()  # reach both databases before writing to either
         # Well-known passwords on a production deployment would be open doors.
         with_passwords = settings.DEBUG or demo_passwords or settings.DEMO_PASSWORDS
         created = ensure_demo_users(with_passwords=with_passwords)
@@ -90,7 +92,6 @@ class Command(BaseCommand):
             raise CommandError(f"demo catalog: {exc.message}") from None
         for line in report.lines()[-1:]:
             self.stdout.write(f"catalog: {line}")
-        warehouse = get_warehouse()
         for dataset in Dataset.objects.filter(is_source=False):
             warehouse.ensure_dataset(spec_for(dataset))
         if no_data:

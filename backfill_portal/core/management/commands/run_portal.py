@@ -8,12 +8,14 @@ import sys
 import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import CommandError
+
+from backfill_portal.core.management.base import PortalCommand
 
 from backfill_portal.core.management.commands.load_demo import demo_logins_note
 
 
-class Command(BaseCommand):
+class Command(PortalCommand):
     help = "Run web + worker + scheduler together (the embedded default deployment)."
 
     def add_arguments(self, parser):
@@ -33,6 +35,7 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"\nBackfill Portal: http://{addr}/  (API docs: http://{addr}/api/docs/)"))
         self.stdout.write(demo_logins_note() + "\nCtrl-C stops web, worker and scheduler.\n")
         stopping = False
+        exited = None  # (name, code) of a process that stopped by itself
 
         def stop(*_):
             nonlocal stopping
@@ -43,8 +46,8 @@ class Command(BaseCommand):
         try:
             while not stopping:
                 for name, proc in procs.items():
-                    if proc.poll() is not None:
-                        self.stderr.write(f"{name} exited with {proc.returncode}; stopping the others")
+                    if not stopping and proc.poll() is not None:
+                        exited = (name, proc.returncode)
                         stopping = True
                 time.sleep(0.5)
         finally:
@@ -57,3 +60,5 @@ class Command(BaseCommand):
                     proc.wait(timeout=max(0.1, deadline - time.time()))
                 except subprocess.TimeoutExpired:
                     proc.kill()
+        if exited is not None:
+            raise CommandError(f"the {exited[0]} process exited with {exited[1]}; stopped the others")

@@ -1,9 +1,10 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from backfill_portal.core.management.base import PortalCommand
 from backfill_portal.core.services.audit import audit_check
 
 
-class Command(BaseCommand):
+class Command(PortalCommand):
     help = ("Walk the audit log's keyed chain, hold it against the newest anchor (AUDIT_ANCHOR_PATH) "
             "and name the first broken link or missing id.")
 
