@@ -123,6 +123,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_htmx",
     # Before core: core's failed-login receiver reads what axes' receiver marked on the request.
     "axes",
@@ -135,6 +136,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "backfill_portal.core.security.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -270,6 +272,27 @@ if not 1 <= API_TOKEN_DAYS <= API_TOKEN_MAX_DAYS:
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "backfill-portal@localhost")
 
+# --- Content-Security-Policy (django-csp; core/security.py). Every page of ours runs
+# only our own static scripts and styles: no inline <script>, <style>, style="" or on*=
+# (tests/web/test_csp.py, and the browser tests report any violation). The admin, the
+# browsable API and Swagger UI carry inline style attributes of their own: under /admin/
+# and /api/ only, style-src also allows 'unsafe-inline' (never script-src).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+CSP_INLINE_STYLE_PREFIXES = ("/admin/", "/api/")
+
 # --- REST API
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -291,6 +314,9 @@ SPECTACULAR_SETTINGS = {
     "verify, publish atomically, reconcile, roll back.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
         "RequestStatusEnum": "backfill_portal.backfills.choices.RequestStatus",

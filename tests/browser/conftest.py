@@ -59,11 +59,27 @@ def chromium():
         browser.close()
 
 
+# Every page a journey opens must satisfy the Content-Security-Policy: the browser's
+# securitypolicyviolation events and its console's CSP errors are collected per persona
+# and fail the test (tests/browser/test_csp.py shows the collector catches one).
+CSP_LISTENER = """document.addEventListener("securitypolicyviolation", (e) => window.__reportCspViolation({
+  page: document.location.pathname, directive: e.violatedDirective, blocked: e.blockedURI,
+  source: e.sourceFile, line: e.lineNumber, column: e.columnNumber, sample: e.sample}));"""
+
+
 class Persona:
     """One signed-in user in their own browser context (own cookies)."""
 
     def __init__(self, context, page, name: str, base_url: str, journey: str):
         self.context, self.page, self.name, self.base_url, self.journey = context, page, name, base_url, journey
+        self.csp_violations: list = []
+        context.expose_binding("__reportCspViolation", lambda source, v: self.csp_violations.append(v))
+        context.add_init_script(CSP_LISTENER)
+        page.on("console", self._console)
+
+    def _console(self, message) -> None:
+        if "Content Security Policy" in message.text:
+            self.csp_violations.append({"page": self.page.url, "console": message.text})
 
     def goto(self, path: str):
         return self.page.goto(self.base_url + path)
@@ -89,7 +105,7 @@ def as_user(chromium, live_server, personas, request):
                                        locale="en-GB", timezone_id="UTC")
         context.set_default_timeout(10_000)
         page = context.new_page()
-        persona = Persona(context, page, name, live_server.url, journey)
+        persona = Persona(context, page, name, live_server.url, journey)  # listens before the first page
         opened.append(persona)
         persona.goto("/login/")
         page.get_by_label("Username").fill(name)
@@ -107,6 +123,9 @@ def as_user(chromium, live_server, personas, request):
             except Exception:  # noqa: BLE001 - best effort, the failure is already reported
                 pass
         persona.context.close()
+    if failed is not None and failed.passed:
+        violations = [v for persona in opened for v in persona.csp_violations]
+        assert not violations, f"pages violated the Content-Security-Policy: {violations}"
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

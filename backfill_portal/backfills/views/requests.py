@@ -146,10 +146,12 @@ def _progress(req: BackfillRequest, counts: dict[str, int] | None = None) -> dic
     """Progress bar segments from the counts by status (one aggregate query unless given)."""
     counts = request_progress(req) if counts is None else counts
     total = counts.get("total") or 0
-    segments = []
+    segments, offset = [], 0.0
     for name in PROGRESS_SEGMENTS:
         n = counts.get(name) or 0
-        segments.append({"name": name, "count": n, "pct": round(100 * n / total, 3) if total else 0})
+        pct = round(100 * n / total, 3) if total else 0
+        segments.append({"name": name, "count": n, "pct": pct, "offset": offset})  # offset: where it starts
+        offset += pct
     return {"total": total, "planned": counts.get("planned") or 0, "segments": segments, "counts": counts,
             "done": (counts.get("published") or 0) + (counts.get("skipped") or 0)}
 
