@@ -2,16 +2,17 @@
 password to trade at POST /api/auth/token/). The key is printed once."""
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from backfill_portal.core.errors import ApplicationError
+from backfill_portal.core.management.base import PortalCommand
 from backfill_portal.core.services.tokens import api_token_issue
 
 # How the audit log names whoever ran this: the shell has no portal user.
 COMMAND_ACTOR = "manage.py issue_token"
 
 
-class Command(BaseCommand):
+class Command(PortalCommand):
     help = "Issue an API token for USER that expires after --days days; prints the key (shown only once)."
 
     def add_arguments(self, parser):
