@@ -1,9 +1,10 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from backfill_portal.core.management.base import PortalCommand
 from backfill_portal.core.services.audit import AuditChainBroken, audit_anchor
 
 
-class Command(BaseCommand):
+class Command(PortalCommand):
     help = ("Append the audit chain's head (first and last id, hash, count, time) to the anchor file "
             "(AUDIT_ANCHOR_PATH) after verifying what was written since the last anchor. The scheduler "
             "runs it every AUDIT_ANCHOR_SECONDS.")

@@ -1,12 +1,13 @@
 import os
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import connection
 
 from backfill_portal.core.dbroles import app_role_sql
+from backfill_portal.core.management.base import PortalCommand
 
 
-class Command(BaseCommand):
+class Command(PortalCommand):
     help = ("Print the SQL that creates the application's least-privilege PostgreSQL role: it may read and "
             "write the portal's tables but only SELECT and INSERT the audit log, and owns nothing "
             "(docs/security.md). Run the output as the owner, after migrate.")
