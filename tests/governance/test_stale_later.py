@@ -224,6 +224,32 @@ def test_excluding_a_partition_that_is_not_stale_is_refused_with_the_field_named
     assert "2022-10-01" in err.value.fields["exclude_stale"][0]
 
 
+def test_a_later_partition_published_after_the_draft_was_made_refuses_the_submission(
+        personas, task_queue, warehouse, history, api):
+    draft = api("alice").post("/api/requests/", {"job": "running_totals", "start": DAYS[1], "end": DAYS[1],
+                                                 "reason": "dws 10-02 was repaired"}, format="json").json()
+    assert draft["stale"]["running_totals"]["included"] == LATER
+    # Meanwhile 2022-10-06 is published: it read 10-05, which the draft rebuilds.
+    assert run_to_end(personas, task_queue, job="running_totals", start="2022-10-06",
+                      end="2022-10-06").status == RequestStatus.RECONCILING
+    before = AuditEvent.objects.count()
+    refused = api("alice").post(f"/api/requests/{draft['id']}/submit/", {"confirm_overlap": True}, format="json")
+    assert refused.status_code == 409 and "stale" in refused.json()["errors"], refused.json()
+    assert "running_totals 2022-10-06" in refused.json()["detail"]
+    assert BackfillRequest.objects.get(pk=draft["id"]).status == RequestStatus.DRAFT
+    assert AuditEvent.objects.count() == before
+    # Filed again, the new plan includes it; nothing published since, so it submits.
+    again = api("alice").post("/api/requests/", {"job": "running_totals", "start": DAYS[1], "end": DAYS[1],
+                                                 "reason": "dws 10-02 was repaired"}, format="json").json()
+    assert again["stale"]["running_totals"]["included"] == [*LATER, "2022-10-06"]
+    assert api("alice").post(f"/api/requests/{again['id']}/submit/", {"confirm_overlap": True},
+                             format="json").status_code == 200
+    # A depends_on_past target with nothing stale is checked too (its entry says so).
+    latest = api("alice").post("/api/requests/", {"job": "running_totals", "start": "2022-10-06", "end": "2022-10-06",
+                                                  "reason": "recheck"}, format="json").json()
+    assert latest["stale"] == {"running_totals": {"after": "2022-10-06", "included": [], "excluded": []}}
+
+
 def test_the_api_preview_lists_the_stale_partitions_and_writes_nothing(personas, task_queue, warehouse, history, api):
     before = (BackfillRequest.objects.count(), AuditEvent.objects.count())
     body = {"job": "dws_sales_daily", "start": DAYS[1], "end": DAYS[1], "cascade": "cascade"}

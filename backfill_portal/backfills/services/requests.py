@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus, Strategy
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
-from backfill_portal.backfills.planning import plan_intervals
+from backfill_portal.backfills.planning import PlannedInterval, plan_intervals
 from backfill_portal.backfills.services.notifications import notify_approvers
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
-from backfill_portal.backfills.staleness import StaleLater, check_exclusions, stale_later
+from backfill_portal.backfills.staleness import StaleLater, check_exclusions, published_after, stale_later
 from backfill_portal.backfills.transitions import (
     REQUEST_ACTIVE,
     intervals_bulk_transition,
@@ -171,7 +171,9 @@ def backfill_request_create(
                 cascade=cascade, strategy=strategy, max_active_intervals=max_active_intervals,
                 verify_twice=bool(verify_twice), idempotency_key=idempotency_key or None, payload_hash=digest,
                 node_actions={n.job.name: n.action for n in cascade_plan},
-                stale={name: s.as_dict() for name, s in stale.items() if s.included or s.excluded},
+                # Every depends_on_past job checked, even with nothing stale: submission
+                # checks them again (see _stale_since_draft).
+                stale={name: s.as_dict() for name, s in stale.items()},
             )
             if effect_jobs:
                 request.side_effects.set(effect_jobs)
@@ -375,6 +377,7 @@ def backfill_request_submit(*, actor, request_id, confirm_overlap: bool = False)
     if code_version is None or missing:
         raise ConflictError(f"job {', '.join(missing) or request.job.name} has no code version; sync the catalog first",
                             field="job")
+    _refuse_stale_since_draft(request)
     overlaps = request_overlaps(request)
     if overlaps and not confirm_overlap:
         ids = ", ".join(f"#{pk}" for pk in overlaps)
@@ -395,6 +398,28 @@ def backfill_request_submit(*, actor, request_id, confirm_overlap: bool = False)
                   **({"stale": request.stale} if request.stale else {})},
         )
     return request
+
+
+def _refuse_stale_since_draft(request: BackfillRequest) -> None:
+    """A later partition of a depends_on_past job published after the draft was made
+    read the old chain too, but is not in the plan the submission would freeze: refuse
+    (409 on `stale`) rather than leave it silently stale."""
+    new: list[str] = []
+    for name, record in (request.stale or {}).items():
+        job = Job.objects.select_related("dataset").filter(name=name).first()
+        last = (Interval.objects.filter(request=request, job__name=name).order_by("-start")
+                .values_list("partition_key", "start", "end").first())
+        if job is None or last is None:
+            continue
+        after = PlannedInterval(last[0], last[1], last[2], job.dataset.grain, job.dataset.timezone)
+        excluded = set(record.get("excluded", []))
+        new += [f"{name} {p.partition_key}" for p in published_after(job=job, after=after)
+                if p.partition_key not in excluded]
+    if new:
+        raise ConflictError(
+            f"published since this draft was made, and stale after what it republishes: {', '.join(new[:10])}"
+            f"{' and more' if len(new) > 10 else ''}; cancel the draft and file the request again to include "
+            "or exclude them", field="stale")
 
 
 def approval_step_decide(*, actor, step: ApprovalStep, approve: bool, comment: str = "") -> ApprovalStep:

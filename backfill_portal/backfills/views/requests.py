@@ -434,6 +434,7 @@ def request_detail(request, pk: int, *, status: int = 200, show_confirm_overlap:
         "decision_form": DecisionForm(), "cancel_form": ReasonForm(), "rollback_form": RequestRollbackForm(),
         "show_confirm_overlap": show_confirm_overlap,
         "show_reconciliation": req.status in RECON_SHOWN_STATES,
+        "stale_shown": {name: s for name, s in (req.stale or {}).items() if s.get("included") or s.get("excluded")},
         "rollback_impact": rollback_state(request_id=req.pk)["impact"] if req.status == RequestStatus.ROLLED_BACK
         else [],
     }, status=status)
