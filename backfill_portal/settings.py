@@ -203,6 +203,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # (backfill_portal.warehouse.adapter), never through the ORM.
 WAREHOUSE_URL = env_str("WAREHOUSE_URL", f"sqlite:///{VAR_DIR / 'warehouse.sqlite3'}")
 
+# Warehouse sessions (PostgreSQL): no statement waits on a lock longer than this; a
+# session idle inside a transaction longer than this (its worker frozen or cut off)
+# is ended by the server, which rolls it back and releases its locks. A healthy
+# staging transaction is never idle that long: it writes at least every few seconds
+# while rows come. 0 turns either off.
+WAREHOUSE_LOCK_TIMEOUT_SECONDS = env_int("WAREHOUSE_LOCK_TIMEOUT_SECONDS", 60)
+WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = env_int("WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS", 600)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

@@ -230,15 +230,15 @@ def execute(run: Run, attempt_no: int, warehouse: Warehouse, *, should_stop: Cal
         run.output_columns = warehouse.db.columns_of(sql)
         type(run).objects.filter(pk=run.pk).update(output_columns=run.output_columns)
         return warehouse.stage_select(spec=spec, run_id=run.run_id, attempt_no=attempt_no,
-                                      partition=run.partition_key, select_sql=sql)
+                                      partition=run.partition_key, select_sql=sql, take_over=True)
     if kind == JobKind.PYTHON:
         rows = _python_rows(run, warehouse, pins, definition, should_stop)
         return warehouse.stage_rows(spec=spec, run_id=run.run_id, attempt_no=attempt_no,
-                                    partition=run.partition_key, rows=rows)
+                                    partition=run.partition_key, rows=rows, take_over=True)
     if kind == JobKind.SIDE_EFFECT:
         row = deliver_side_effect(run, warehouse, pins, definition)
         return warehouse.stage_rows(spec=spec, run_id=run.run_id, attempt_no=attempt_no,
-                                    partition=run.partition_key, rows=[row])
+                                    partition=run.partition_key, rows=[row], take_over=True)
     raise ExecutionError(f"unknown job kind {kind!r}")
 
 

@@ -24,7 +24,9 @@ committed -> verify; absent -> stage again (which first clears the run's leftove
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
@@ -33,6 +35,8 @@ from typing import Any, NamedTuple
 
 from backfill_portal.core.errors import ConflictError, ValidationError
 from backfill_portal.warehouse.db import SQLITE_TS_FORMAT, WarehouseDB, WarehouseUnavailable
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "COLUMN_TYPES",
@@ -81,6 +85,8 @@ _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 _MAX_DATASET_NAME = 40
 _MAX_COLUMN_NAME = 63
 _BOOKKEEPING_COLUMNS = ("_run_id", "_partition", "_attempt")
+# A staging transaction writes what it has at least this often while rows come slowly.
+FLUSH_SECONDS = 5.0
 _META_PREFIX = "_bf_"
 _META_TABLES = ("_bf_current", "_bf_publications", "_bf_markers")
 # Marker columns added after the first release, with their logical types.
@@ -452,14 +458,17 @@ class Warehouse:
     # -- staging --------------------------------------------------------------------
 
     def stage_rows(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
-                   rows: Iterable[Sequence], chunk_size: int = 5000) -> Marker:
+                   rows: Iterable[Sequence], chunk_size: int = 5000, take_over: bool = False) -> Marker:
         """Write a run's rows (in `spec.columns` order) as its version, with its marker.
 
         One transaction:
-        1. refuse if the run already has a marker (AlreadyCommitted);
+        1. take the run's staging lock (`take_over`: see `_begin_stage`); refuse if
+           the run already has a marker (AlreadyCommitted);
         2. delete the run's own leftover rows, if an earlier writer left any;
         3. insert the rows, `chunk_size` at a time so a large iterator is never held
-           in memory whole;
+           in memory whole, and at least every FLUSH_SECONDS while rows come slowly,
+           so that a healthy transaction is never idle for long (the server ends
+           sessions idle in a transaction past WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT);
         4. count and fingerprint the run's rows;
         5. insert the marker.
         Anything raised (including from `rows`) rolls all of it back.
@@ -473,22 +482,24 @@ class Warehouse:
         tail = (run_id, partition, attempt_no)
         columns = [_quote(name) for name in (*spec.column_names, *_BOOKKEEPING_COLUMNS)]
         with self.db.transaction():
-            self._begin_stage(spec=spec, run_id=run_id)
+            self._begin_stage(spec=spec, run_id=run_id, take_over=take_over)
             batch: list[tuple] = []
+            flush_at = time.monotonic() + FLUSH_SECONDS
             for row in rows:
                 if len(row) != width:
                     raise ValidationError(
                         f"{spec.name}: a row has {len(row)} values, the dataset declares {width} columns"
                     )
                 batch.append(self._convert_row(spec, converters, row) + tail)
-                if len(batch) >= chunk_size:
+                if len(batch) >= chunk_size or time.monotonic() >= flush_at:
                     self.db.bulk_insert(_quote(spec.versions_table), columns, batch)
                     batch = []
+                    flush_at = time.monotonic() + FLUSH_SECONDS
             self.db.bulk_insert(_quote(spec.versions_table), columns, batch)
             return self._commit_marker(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition)
 
     def stage_select(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
-                     select_sql: str, params: Sequence = ()) -> Marker:
+                     select_sql: str, params: Sequence = (), take_over: bool = False) -> Marker:
         """Like `stage_rows`, but the rows come from a SELECT run inside the warehouse.
         Its output columns must carry the declared column names; extra ones are ignored.
         `select_sql` uses `?` placeholders, bound from `params`."""
@@ -503,7 +514,7 @@ class Warehouse:
             f"FROM ({select_sql}) AS q"
         )
         with self.db.transaction():
-            self._begin_stage(spec=spec, run_id=run_id)
+            self._begin_stage(spec=spec, run_id=run_id, take_over=take_over)
             self.db.execute(statement, (run_id, partition, attempt_no, *params))
             return self._commit_marker(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition)
 
@@ -730,6 +741,31 @@ class Warehouse:
         if self.db.dialect == "postgresql":
             self.db.query("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (f"backfill:{key}",))
 
+    def _lock_ending_other_holders(self, key: str) -> bool:
+        """Take the advisory lock of `key` if it is free (True: taken, one statement as
+        `_lock`); otherwise end the other sessions of this role holding it and return
+        False (the caller then waits for it, within the lock timeout). Sessions of
+        another role are left to the lock and idle-in-transaction timeouts: ending
+        them needs a privilege. SQLite: False (BEGIN IMMEDIATE is the lock)."""
+        if self.db.dialect != "postgresql":
+            return False
+        if self.db.query("SELECT pg_try_advisory_xact_lock(hashtextextended(?, 0))", (f"backfill:{key}",))[0][0]:
+            return True
+        ended = self.db.query(
+            """WITH k AS (SELECT hashtextextended(?, 0) AS h)
+            SELECT l.pid, pg_terminate_backend(l.pid)
+            FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid, k
+            WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND l.objsubid = 1 AND l.classid = ((k.h >> 32) & 4294967295)::oid
+              AND l.objid = (k.h & 4294967295)::oid AND a.usename = current_user""",
+            (f"backfill:{key}",),
+        )
+        if ended:
+            logger.warning("ended warehouse session(s) %s holding %s for a dead or frozen writer",
+                           ", ".join(str(pid) for pid, _ in ended), key)
+        return False
+
     def _relation_kind(self, name: str) -> str | None:
         if self.db.dialect == "sqlite":
             rows = self.db.query("SELECT type FROM sqlite_master WHERE name = ? AND type IN ('table', 'view')", (name,))
@@ -764,8 +800,14 @@ class Warehouse:
         if not isinstance(attempt_no, int) or attempt_no < 1:
             raise ValidationError("attempt_no must be a positive integer", field="attempt_no")
 
-    def _begin_stage(self, *, spec: DatasetSpec, run_id: str) -> None:
-        self._lock(f"run:{run_id}")
+    def _begin_stage(self, *, spec: DatasetSpec, run_id: str, take_over: bool = False) -> None:
+        """`take_over`: the caller is the run's only live writer (its attempt started
+        after every earlier one ended or was declared lost), so a session still holding
+        the run's lock belongs to a dead or frozen earlier attempt: it is ended, which
+        rolls its rows back, instead of being waited for (a SIGSTOPped worker would
+        hold it for ever). Without it, the wait is bounded by the lock timeout."""
+        if not (take_over and self._lock_ending_other_holders(f"run:{run_id}")):
+            self._lock(f"run:{run_id}")
         existing = self._marker(run_id)
         if existing is not None:
             raise AlreadyCommitted(existing)

@@ -24,6 +24,11 @@ class WarehouseUnavailable(Unavailable):
     """The warehouse refused the connection or the statement could not run."""
 
 
+class WarehouseLockTimeout(Exception):
+    """A lock the statement needed stayed held past the session's lock timeout (the
+    warehouse is up; another session holds it)."""
+
+
 def parse_url(url: str) -> tuple[str, str]:
     """Return (dialect, target): a file path for sqlite, a conninfo for postgresql."""
     parsed = urlparse(url)
@@ -40,9 +45,15 @@ def parse_url(url: str) -> tuple[str, str]:
 class WarehouseDB:
     """One connection per thread per URL. Not shared across processes."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, lock_timeout_seconds: int = 0, idle_in_transaction_timeout_seconds: int = 0):
+        """PostgreSQL sessions get both timeouts (0: the server's default, none): no
+        statement waits on a lock for ever, and a session left open in a transaction
+        by a frozen or vanished client is ended by the server, releasing its locks.
+        SQLite's equivalent of the first is its busy timeout (30 s)."""
         self.url = url
         self.dialect, self.target = parse_url(url)
+        self.lock_timeout_seconds = lock_timeout_seconds
+        self.idle_in_transaction_timeout_seconds = idle_in_transaction_timeout_seconds
         self._local = threading.local()
 
     # -- connection management -------------------------------------------------
@@ -56,7 +67,13 @@ class WarehouseDB:
                 return conn
             import psycopg
 
-            return psycopg.connect(self.target, autocommit=True)
+            conn = psycopg.connect(self.target, autocommit=True)
+            timeouts = [f"SET {name} = '{int(seconds)}s'" for name, seconds in (
+                ("lock_timeout", self.lock_timeout_seconds),
+                ("idle_in_transaction_session_timeout", self.idle_in_transaction_timeout_seconds)) if seconds]
+            if timeouts:
+                conn.execute("; ".join(timeouts))
+            return conn
         except Exception as exc:
             raise WarehouseUnavailable(f"cannot connect to the warehouse: {exc}") from exc
 
@@ -159,7 +176,12 @@ class WarehouseDB:
     def _reraise(self, exc: Exception):
         import psycopg
 
-        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            raise WarehouseLockTimeout(f"{exc} (waited WAREHOUSE_LOCK_TIMEOUT_SECONDS={self.lock_timeout_seconds})") from exc
+        conn = getattr(self._local, "conn", None)
+        # A connection the server ended (restart, idle-in-transaction timeout, a
+        # terminated backend) is broken whatever class its last error has.
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) or getattr(conn, "broken", False):
             self.close()
             raise WarehouseUnavailable(str(exc)) from exc
         raise exc
@@ -239,5 +261,7 @@ def get_warehouse_db(url: str | None = None) -> WarehouseDB:
     with _lock:
         db = _instances.get(url)
         if db is None:
-            db = _instances[url] = WarehouseDB(url)
+            db = _instances[url] = WarehouseDB(
+                url, lock_timeout_seconds=settings.WAREHOUSE_LOCK_TIMEOUT_SECONDS,
+                idle_in_transaction_timeout_seconds=settings.WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS)
         return db
