@@ -9,6 +9,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("BACKFILL_VAR_DIR", BASE_DIR / "var"))
@@ -365,6 +366,11 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TASK_DEFAULT_QUEUE = "backfill"
+# Both queues are declared, so a worker started the plain way (`celery -A
+# backfill_portal worker`, no -Q) consumes both: the sweeper is routed to
+# `production`, and a worker that never took it left killed attempts unreaped and
+# their requests running for ever. A production-only worker is `-Q production`.
+CELERY_TASK_QUEUES = tuple(Queue(name, Exchange(name), routing_key=name) for name in ("production", "backfill"))
 CELERY_TASK_ROUTES = {
     "execution.sweep": {"queue": "production"},
     "execution.schedule_production": {"queue": "production"},

@@ -29,7 +29,10 @@ def apply_transition(
     updates: dict | None = None,
     data: dict | None = None,
     action: str | None = None,
+    expect: dict | None = None,
 ) -> models.Model:
+    """`expect`: other columns the row must still hold for the claim to win (a fencing
+    token: a reclaimed worker's late transition finds it changed and is refused)."""
     current = instance.status
     if to not in edges.get(current, ()):
         raise ConflictError(
@@ -44,7 +47,7 @@ def apply_transition(
     with transaction.atomic(savepoint=False):
         # One fixed statement per model and set of columns: a backfill interval makes
         # ~10 transitions, and the ORM compiled the same UPDATE for each.
-        claimed = update_row(type(instance), instance.pk, {"status": to, **updates}, where={"status": current})
+        claimed = update_row(type(instance), instance.pk, {"status": to, **updates}, where={**(expect or {}), "status": current})
         if claimed == 1:
             audit_record(
                 actor=actor,

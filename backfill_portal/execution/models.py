@@ -36,6 +36,12 @@ class Run(models.Model):
     output_columns = models.JSONField(default=list, blank=True)
     # When its next task was last sent: the sweeper re-sends work a broker lost.
     enqueued_at = models.DateTimeField(null=True, blank=True)
+    # Verification's own liveness: each staged -> verifying claim takes the next
+    # token and beats while it checks; the sweeper hands a run whose beat stopped back
+    # to `staged`, and the token fences the reclaimed verifier's late transitions.
+    # NULL beat while the run waits for its second rerun (that run has its own).
+    verify_token = models.PositiveIntegerField(default=0)
+    verify_heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

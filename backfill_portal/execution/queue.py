@@ -46,6 +46,21 @@ def send(row: TaskOutbox) -> bool:
     return True
 
 
+def broker_queue_depth(queue: str) -> int | None:
+    """How many messages the broker holds in `queue` (not those a worker has taken),
+    or None when it cannot say (unreachable). An absent queue holds none: Redis drops
+    an empty list, and a restarted Redis has no keys at all."""
+    from backfill_portal.celery import app
+
+    try:
+        with app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1)
+            return int(conn.default_channel.queue_declare(queue=queue, passive=False).message_count)
+    except Exception as exc:
+        logger.warning("cannot count the messages in queue %s: %s", queue, exc)
+        return None
+
+
 def outbox_resend(*, older_than_seconds: int = 30) -> int:
     """Send what was committed but never sent (the process died, or the broker was
     down, between commit and send). Returns how many were sent."""

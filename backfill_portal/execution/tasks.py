@@ -8,7 +8,7 @@ from backfill_portal.execution.services.dispatch import dispatch_all, runs_resen
 from backfill_portal.execution.services.dispatch import dispatch_request as dispatch_request_service
 from backfill_portal.execution.services.runs import attempts_sweep_lost, run_execute
 from backfill_portal.execution.services.schedule import schedule_production as schedule_production_service
-from backfill_portal.execution.services.verify import run_verify
+from backfill_portal.execution.services.verify import run_verify, runs_reclaim_verifying
 
 
 @shared_task(name="execution.dispatch_request", acks_late=True)
@@ -28,9 +28,10 @@ def verify_run(run_id: str) -> str:
 
 @shared_task(name="execution.sweep")
 def sweep() -> dict:
-    """Lost attempts, unsent outbox rows, running requests with free slots."""
-    return {"lost": attempts_sweep_lost(), "resent": outbox_resend(), "stale_runs": runs_resend_stale(),
-            "dispatched": dispatch_all()}
+    """Lost attempts, lost verifications, unsent outbox rows, runs whose message a
+    broker lost, running requests with free slots."""
+    return {"lost": attempts_sweep_lost(), "verifying": runs_reclaim_verifying(), "resent": outbox_resend(),
+            "stale_runs": runs_resend_stale(), "dispatched": dispatch_all()}
 
 
 @shared_task(name="execution.schedule_production")

@@ -31,10 +31,10 @@ ATTEMPT_EDGES: dict[str, frozenset[str]] = {
 
 
 def run_transition(run: Run, *, to: str, actor=None, reason: str = "", updates: dict | None = None,
-                   data: dict | None = None) -> Run:
+                   data: dict | None = None, expect: dict | None = None) -> Run:
     return apply_transition(
         instance=run, to=to, edges=RUN_EDGES, actor=actor, object_type="run", request_id=run.request_id,
-        dataset=run.job.dataset.name, reason=reason, updates=updates,
+        dataset=run.job.dataset.name, reason=reason, updates=updates, expect=expect,
         data={"run_id": run.run_id, "partition": run.partition_key, **(data or {})},
     )
 

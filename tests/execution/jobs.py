@@ -57,3 +57,9 @@ def random_sample(context):
     for row in order_items(context):
         if random.random() < 0.8:
             yield row
+
+
+def quick_items(context):
+    """The same 120 rows as slow_items, at once (for faults outside the attempt)."""
+    for n in range(SLOW_ROWS):
+        yield {"n": n, "label": f"{context.partition_key}-{n}"}

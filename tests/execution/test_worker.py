@@ -1,6 +1,9 @@
 """Faults against a real Celery worker on Redis and PostgreSQL: kill -9 mid-run, and
-SIGSTOP past the heartbeat timeout then SIGCONT. Skipped (with the reason) unless CI's
-second pass provides PostgreSQL and Redis."""
+SIGSTOP past the heartbeat timeout then SIGCONT; then, with a worker started the plain
+way and the periodic scheduler (nothing in the test process sweeps): kill -9 mid-run,
+kill -9 during verification, a worker frozen holding the staging lock, and messages
+the broker lost. Skipped (with the reason) unless CI's second pass provides
+PostgreSQL and Redis."""
 from __future__ import annotations
 
 import os
@@ -11,14 +14,20 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from django.conf import settings
 from django.db import connection
 
+from backfill_portal.backfills.choices import RequestStatus
+from backfill_portal.catalog.services.sync import catalog_sync
+from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.choices import AttemptStatus, RunStatus
-from backfill_portal.execution.models import Attempt, Run
+from backfill_portal.execution.models import Attempt, CheckResult, Run
+from backfill_portal.execution.services.dispatch import dispatch_request
 from backfill_portal.execution.services.runs import attempts_sweep_lost
 from backfill_portal.warehouse.models import Publication
 from backfill_portal.warehouse.registry import spec_for
+from tests.conftest import TEST_CATALOG
 from tests.execution.test_pipeline import approved_request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,33 +40,80 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def worker(warehouse_url, catalog):
-    if connection.vendor != "postgresql":
-        pytest.skip("a worker process needs a database it can share: PostgreSQL (DATABASE_URL)")
+def worker_env(warehouse_url: str) -> dict:
     db = settings.DATABASES["default"]
-    env = {
+    return {
         **os.environ,
         "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
         "WAREHOUSE_URL": warehouse_url,
         "CELERY_BROKER_URL": BROKER,
         "LOG_LEVEL": "INFO",
+        "SWEEP_SECONDS": "1",
     }
-    subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q", "production,backfill"],
-                   cwd=ROOT, env=env, capture_output=True, timeout=60)
-    log = open(Path(settings.VAR_DIR) / f"test-worker-{os.getpid()}.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "backfill_portal", "worker", "-Q", "production,backfill",
-         "--concurrency", "2", "--prefetch-multiplier", "1", "--without-mingle", "--without-gossip", "-n", f"test{os.getpid()}@%h"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    time.sleep(4)
-    yield proc
+
+
+def start_worker(env: dict, *, queues: str | None, log_name: str) -> subprocess.Popen:
+    """A real worker; `queues=None` starts it the plain way, without -Q."""
+    log = open(Path(settings.VAR_DIR) / f"{log_name}-{os.getpid()}.log", "w")
+    args = [sys.executable, "-m", "celery", "-A", "backfill_portal", "worker", "--concurrency", "2",
+            "--prefetch-multiplier", "1", "--without-mingle", "--without-gossip", "-n", f"{log_name}{os.getpid()}@%h"]
+    if queues:
+        args[6:6] = ["-Q", queues]
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def start_beat(env: dict, schedule: Path) -> subprocess.Popen:
+    """The periodic scheduler: it sends the sweeper every SWEEP_SECONDS, through the broker."""
+    log = open(Path(settings.VAR_DIR) / f"test-beat-{os.getpid()}.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "backfill_portal", "beat", "--schedule", str(schedule)],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-    log.close()
+        proc.wait(timeout=20)
+
+
+def purge(env: dict) -> None:
+    subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q", "production,backfill"],
+                   cwd=ROOT, env=env, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def worker(warehouse_url, catalog):
+    if connection.vendor != "postgresql":
+        pytest.skip("a worker process needs a database it can share: PostgreSQL (DATABASE_URL)")
+    env = worker_env(warehouse_url)
+    purge(env)
+    proc = start_worker(env, queues="production,backfill", log_name="test-worker")
+    time.sleep(4)
+    yield proc
+    stop(proc)
+
+
+@pytest.fixture
+def plain_worker(warehouse_url, catalog, tmp_path):
+    """start() -> a worker started the plain way (`celery -A backfill_portal worker`,
+    no -Q) and the periodic scheduler: nothing in the test process sweeps."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a worker process needs a database it can share: PostgreSQL (DATABASE_URL)")
+    env = worker_env(warehouse_url)
+    started = []
+
+    def start() -> subprocess.Popen:
+        purge(env)
+        started.append(start_beat(env, tmp_path / "celerybeat-schedule"))
+        started.append(start_worker(env, queues=None, log_name="test-plain-worker"))
+        time.sleep(4)
+        return started[-1]
+
+    yield start
+    for proc in reversed(started):
+        stop(proc)
 
 
 def wait_for(predicate, timeout=60.0, every=0.3):
@@ -131,3 +187,118 @@ def test_sigstop_past_the_heartbeat_timeout_then_sigcont_cannot_publish(personas
     assert stale.status == AttemptStatus.LOST  # its late success was refused
     run.refresh_from_db()
     assert_published_once_without_duplicates(run, warehouse)
+
+
+# -- every state moves on by itself, with nothing in the test process sweeping ----------
+
+def wait_published(run, timeout=60.0):
+    def published():
+        """the run to be published"""
+        run.refresh_from_db()
+        assert run.status not in (RunStatus.FAILED, RunStatus.VERIFICATION_FAILED, RunStatus.CANCELLED), run.error
+        return run.status == RunStatus.PUBLISHED
+
+    wait_for(published, timeout=timeout)
+    return run
+
+
+def wait_request_recovered(request, timeout=30.0):
+    def recovered():
+        """the request to reach reconciling"""
+        request.refresh_from_db()
+        return request.status in (RequestStatus.RECONCILING, RequestStatus.COMPLETED)
+
+    wait_for(recovered, timeout=timeout)
+
+
+def test_a_plain_worker_sweeps_a_killed_attempt_and_the_request_recovers(personas, plain_worker, warehouse):
+    plain_worker()
+    request = approved_request(personas, job="slow_items", start="2022-10-03", end="2022-10-03")
+    run = wait_for(lambda: Run.objects.filter(request=request).first())
+    attempt = wait_for(lambda: running_attempt(run))
+    time.sleep(1.5)  # well into the work
+    os.kill(int(attempt.worker.rsplit(":", 1)[-1]), signal.SIGKILL)
+    run = wait_published(run)
+    assert [a.status for a in run.attempts.order_by("attempt_no")][0] == AttemptStatus.LOST
+    assert_published_once_without_duplicates(run, warehouse)
+    wait_request_recovered(request)
+
+
+SLOW_CHECK = "SELECT 1 AS failing FROM (SELECT CAST(pg_sleep(4) AS TEXT) AS slept) AS s WHERE s.slept = 'never'"
+
+
+@pytest.fixture
+def slow_checked(catalog):
+    """slow_items' rows at once, then a verification that takes four seconds."""
+    plan = yaml.safe_load(TEST_CATALOG)
+    dataset = next(d for d in plan["datasets"] if d["name"] == "slow_items")
+    plan["datasets"].append({**dataset, "name": "slow_checked", "checks": [{"name": "slow_check", "sql": SLOW_CHECK}]})
+    plan["jobs"].append({"name": "slow_checked", "produces": "slow_checked", "reads": [], "kind": "python",
+                         "pool": "warehouse", "max_attempts": 3, "heartbeat_timeout_seconds": 3,
+                         "callable": "tests.execution.jobs.quick_items"})
+    return catalog_sync(text=yaml.safe_dump(plan))
+
+
+def test_kill_9_during_verification_the_sweeper_reclaims_it_and_the_run_publishes_once(
+        personas, slow_checked, plain_worker, warehouse):
+    worker = plain_worker()
+    request = approved_request(personas, job="slow_checked", start="2022-10-04", end="2022-10-04")
+    run = wait_for(lambda: Run.objects.filter(request=request).first())
+
+    def verifying():
+        """the run to be verifying"""
+        run.refresh_from_db()
+        return run.status == RunStatus.VERIFYING
+
+    wait_for(verifying, every=0.1)
+    time.sleep(1.0)  # inside the slow check
+    children = subprocess.run(["pgrep", "-P", str(worker.pid)], capture_output=True, text=True).stdout.split()
+    assert children, "the worker has no pool processes"
+    for pid in children:  # every pool process: the verifier is one of them
+        os.kill(int(pid), signal.SIGKILL)
+    run = wait_published(run)
+    lost = AuditEvent.objects.filter(object_type="run", object_id=str(run.pk), action="run.staged",
+                                     from_state=RunStatus.VERIFYING, reason__startswith="verification lost")
+    assert lost.count() == 1, list(AuditEvent.objects.filter(object_type="run", object_id=str(run.pk))
+                                   .values_list("action", "from_state", "reason"))
+    assert Publication.objects.filter(version__run=run).count() == 1
+    assert CheckResult.objects.get(run=run, name="slow_check").passed
+    assert len(warehouse.read_partition("slow_checked", run.partition_key)) == 120
+    wait_request_recovered(request)
+
+
+def test_a_worker_frozen_holding_the_staging_lock_does_not_block_the_retry(personas, plain_worker, warehouse):
+    plain_worker()
+    request = approved_request(personas, job="slow_items", start="2022-10-05", end="2022-10-05")
+    run = wait_for(lambda: Run.objects.filter(request=request).first())
+    frozen = wait_for(lambda: running_attempt(run))
+    pid = int(frozen.worker.rsplit(":", 1)[-1])
+    time.sleep(1.5)  # inside its staging transaction, holding the run's lock
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # Still frozen: the sweeper declares it lost, the next attempt ends its
+        # warehouse session (its lock and rows go) and publishes.
+        run = wait_published(run)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    time.sleep(3)  # let the woken process try its luck
+    frozen.refresh_from_db()
+    assert frozen.status == AttemptStatus.LOST
+    run.refresh_from_db()
+    assert_published_once_without_duplicates(run, warehouse)
+    wait_request_recovered(request)
+
+
+def test_messages_a_broker_lost_are_sent_again_within_about_a_heartbeat_timeout(personas, plain_worker, warehouse):
+    request = approved_request(personas, job="slow_items", start="2022-10-06", end="2022-10-07")
+    dispatch_request(request_id=request.pk)  # the runs' messages go to the broker; no worker yet
+    runs = list(Run.objects.filter(request=request))
+    assert len(runs) == 2 and {r.status for r in runs} == {RunStatus.QUEUED}
+    # The broker loses everything it held (a Redis restarted without persistence).
+    flushed = subprocess.run(["redis-cli", "-u", BROKER, "FLUSHDB"], capture_output=True, text=True, timeout=30)
+    assert flushed.stdout.strip() == "OK", flushed
+    plain_worker()
+    for run in runs:
+        wait_published(run, timeout=60)  # the ten-minute resend would not make it
+        assert_published_once_without_duplicates(run, warehouse)
+    wait_request_recovered(request)

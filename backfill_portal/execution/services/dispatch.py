@@ -23,7 +23,7 @@ from backfill_portal.core.rows import insert_row
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import Attempt, Run
-from backfill_portal.execution.queue import BACKFILL_QUEUE, PRODUCTION_QUEUE, enqueue
+from backfill_portal.execution.queue import BACKFILL_QUEUE, PRODUCTION_QUEUE, broker_queue_depth, enqueue
 from backfill_portal.execution.transitions import RUN_ACTIVE, attempt_transition, run_transition
 
 logger = logging.getLogger(__name__)
@@ -54,20 +54,42 @@ def _enqueue_run_task(task: str, run: Run, stamped: bool) -> None:
     enqueue(task, run.run_id, headers=run_headers(run), queue=run_queue(run))
 
 
+RUN_WAITING = (RunStatus.QUEUED, RunStatus.STAGED, RunStatus.VERIFIED)
+
+
 def runs_resend_stale(*, older_than_seconds: int = 600, now=None) -> int:
-    """Re-send the next task of runs waiting longer than any healthy queue would take
-    (a message the broker lost). Duplicates are harmless: tasks claim before working."""
-    cutoff = (now or timezone.now()) - timedelta(seconds=older_than_seconds)
-    stale = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.STAGED, RunStatus.VERIFIED],
-                               enqueued_at__lt=cutoff).select_related("job")[:200]
+    """Re-send the next task of runs whose message a broker lost (a Redis restarted
+    without its data). Duplicates are harmless: tasks claim before working.
+
+    1. The waiting runs (queued, staged, verified), by the queue their task goes to.
+    2. A queue that holds fewer messages than runs wait on it has lost some: each of
+       its runs sent longer ago than its job's heartbeat timeout is sent again, so a
+       lost message costs about a heartbeat timeout, not ten minutes. A full queue
+       (a backlog) is left alone, and so is a run sent recently.
+    3. Where the broker cannot say how many it holds, a run waiting longer than
+       `older_than_seconds` is sent again.
+    Each send stamps `enqueued_at`: a run goes again at most once a heartbeat timeout."""
+    now = now or timezone.now()
+    waiting: dict[str, list[Run]] = {}
+    for run in Run.objects.filter(status__in=RUN_WAITING).select_related("job").order_by("enqueued_at")[:2000]:
+        waiting.setdefault(run_queue(run), []).append(run)
     count = 0
-    for run in stale:
-        with transaction.atomic():
-            if run.status == RunStatus.QUEUED:
-                enqueue_execute(run)
-            else:
-                enqueue_verify(run)
-        count += 1
+    for queue, runs in waiting.items():
+        depth = broker_queue_depth(queue)
+        lost = depth is not None and depth < len(runs)
+        for run in runs:
+            sent = run.enqueued_at or run.created_at
+            timeout = run.job.heartbeat_timeout_seconds if lost else older_than_seconds
+            if sent >= now - timedelta(seconds=timeout):
+                continue
+            with transaction.atomic():
+                if run.status == RunStatus.QUEUED:
+                    enqueue_execute(run)
+                else:
+                    enqueue_verify(run)
+            count += 1
+    if count:
+        logger.warning("re-sent the task of %s run(s) a broker lost", count)
     return count
 
 

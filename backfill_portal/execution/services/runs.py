@@ -41,16 +41,23 @@ def run_get(run_id: str) -> Run | None:
 
 
 class Heartbeat:
-    """Beats while an attempt works. A beat that finds the attempt no longer running
-    (marked lost, or the run cancelled) sets `fenced`: the work must stop and its
-    result will be refused."""
+    """Beats while work goes on: `beat()` is a conditional update that returns False
+    once the work is no longer its owner's (an attempt marked lost, a verification
+    reclaimed, the run cancelled); that sets `fenced`: the work must stop and its result
+    will be refused. A beat that fails (the database restarting) is tried again at
+    the next tick rather than ending the heartbeat: a healthy worker must not look
+    dead because of one blip."""
 
-    def __init__(self, attempt: Attempt, every: float):
-        self.attempt_pk = attempt.pk
+    def __init__(self, attempt: Attempt | None = None, every: float = 15.0, *, beat=None, name: str = ""):
+        if beat is None:
+            attempt_pk = attempt.pk
+            beat = lambda: attempt_heartbeat(attempt_pk=attempt_pk)  # noqa: E731
+            name = name or f"heartbeat-{attempt_pk}"
+        self.beat = beat
         self.every = max(0.2, every)
         self.fenced = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{attempt.pk}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name or "heartbeat", daemon=True)
 
     def __enter__(self):
         self._thread.start()
@@ -63,7 +70,13 @@ class Heartbeat:
     def _loop(self):
         try:
             while not self._stop.wait(self.every):
-                if not attempt_heartbeat(attempt_pk=self.attempt_pk):
+                try:
+                    alive = self.beat()
+                except Exception as exc:
+                    logger.warning("heartbeat could not be written (%s); trying again", exc)
+                    connection.close()
+                    continue
+                if not alive:
                     self.fenced.set()
                     return
         finally:

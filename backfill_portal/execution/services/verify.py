@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import statistics
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import Q
@@ -25,8 +26,8 @@ from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import CheckResult, Run
-from backfill_portal.execution.services.dispatch import dispatch_request, enqueue_execute
-from backfill_portal.execution.services.runs import _interval_failed, run_get
+from backfill_portal.execution.services.dispatch import dispatch_request, enqueue_execute, enqueue_verify
+from backfill_portal.execution.services.runs import Heartbeat, _interval_failed, run_get
 from backfill_portal.execution.transitions import run_transition
 from backfill_portal.warehouse.adapter import PublishConflict
 from backfill_portal.warehouse.models import Consumption, Publication, Version
@@ -159,7 +160,14 @@ def failing_rows(warehouse, assertions: list[str | Exception]) -> list[int | Exc
 
 
 def run_verify(*, run_id: str) -> str:
-    """staged -> verifying -> verified (then publish) or verification_failed."""
+    """staged -> verifying -> verified (then publish) or verification_failed.
+
+    1. Claim the run with the next verification token and beat while checking; a
+       verifier that dies after its claim stops beating, and the sweeper
+       (`runs_reclaim_verifying`) hands the run back to `staged`.
+    2. Every later transition expects that token: a verifier that was reclaimed
+       (frozen, then woken) changes nothing and returns `fenced`.
+    """
     run = run_get(run_id)
     if run is None:
         return "missing"
@@ -171,39 +179,101 @@ def run_verify(*, run_id: str) -> str:
         return f"skipped-{run.status}"
     warehouse = get_warehouse()
     with log_context(run_id=run.run_id, request_id=run.request_id):
-        try:
-            run_transition(run, to=S.VERIFYING)
-        except ConflictError:
+        fence = verification_claim(run)
+        if fence is None:
             return "claimed-elsewhere"
         try:
-            checks = compute_checks(run, warehouse)
+            with verification_heartbeat(run, fence):
+                checks = compute_checks(run, warehouse)
         except Exception as exc:
             logger.warning("verification could not run: %s", exc)
-            run_transition(run, to=S.STAGED, reason=f"verification could not run: {exc}")
+            try:
+                run_transition(run, to=S.STAGED, reason=f"verification could not run: {exc}", expect=fence,
+                               updates={"verify_heartbeat_at": None})
+            except ConflictError:
+                return "fenced"
             raise
         blocking_failures = [c for c in checks if c.blocking and not c.passed]
-        with transaction.atomic():
-            now = timezone.now()
-            CheckResult.objects.filter(run=run).delete()
-            CheckResult.objects.bulk_create([
-                CheckResult(run=run, name=c.name, blocking=c.blocking, passed=c.passed, observed=c.observed,
-                            message=c.message, checked_at=now) for c in checks])
-            summary = {c.name: c.passed for c in checks}
-            if blocking_failures:
-                reason = "; ".join(f"{c.name}: {c.message}" for c in blocking_failures)
-                run_transition(run, to=S.VERIFICATION_FAILED, reason=reason[:500], data={"checks": summary},
-                               updates={"error": reason[:4000], "finished_at": now})
-                _interval_failed(run)
-                logger.warning("verification failed: %s", reason)
-                return "verification_failed"
-            if _needs_second_rerun(run):
-                second_rerun_start(run)
-                return "awaiting-second-rerun"
-            current = warehouse.current(run.job.dataset.name, run.partition_key)
-            run_transition(run, to=S.VERIFIED, data={"checks": summary},
-                           updates={"expected_previous_run_id": current or ""})
+        try:
+            with transaction.atomic():
+                now = timezone.now()
+                CheckResult.objects.filter(run=run).delete()
+                CheckResult.objects.bulk_create([
+                    CheckResult(run=run, name=c.name, blocking=c.blocking, passed=c.passed, observed=c.observed,
+                                message=c.message, checked_at=now) for c in checks])
+                summary = {c.name: c.passed for c in checks}
+                if blocking_failures:
+                    reason = "; ".join(f"{c.name}: {c.message}" for c in blocking_failures)
+                    run_transition(run, to=S.VERIFICATION_FAILED, reason=reason[:500], data={"checks": summary},
+                                   updates={"error": reason[:4000], "finished_at": now}, expect=fence)
+                    _interval_failed(run)
+                    logger.warning("verification failed: %s", reason)
+                    return "verification_failed"
+                if _needs_second_rerun(run):
+                    # It waits in `verifying` without a beat: the second rerun is the
+                    # live work now, with its own attempts and its own verification.
+                    if Run.objects.filter(pk=run.pk, status=S.VERIFYING, **fence).update(verify_heartbeat_at=None) != 1:
+                        raise ConflictError(f"run {run.run_id}'s verification was reclaimed", field="status")
+                    second_rerun_start(run)
+                    return "awaiting-second-rerun"
+                current = warehouse.current(run.job.dataset.name, run.partition_key)
+                run_transition(run, to=S.VERIFIED, data={"checks": summary}, expect=fence,
+                               updates={"expected_previous_run_id": current or ""})
+        except ConflictError:
+            logger.warning("verification of %s was reclaimed meanwhile; its result is refused", run.run_id)
+            return "fenced"
     # The run was just loaded and moved to verified here; the pointer just read.
     return _publish(run, actor=None, current=current)
+
+
+def verification_claim(run: Run) -> dict | None:
+    """staged -> verifying with the next token; returns the fence every later
+    transition of this verification expects, or None when another delivery won."""
+    token = run.verify_token + 1
+    try:
+        run_transition(run, to=S.VERIFYING, expect={"verify_token": run.verify_token},
+                       updates={"verify_token": token, "verify_heartbeat_at": timezone.now()})
+    except ConflictError:
+        return None
+    return {"verify_token": token}
+
+
+def verification_beat(*, run_pk: int, fence: dict) -> bool:
+    """A conditional update: a reclaimed verification's beat changes nothing."""
+    return Run.objects.filter(pk=run_pk, status=S.VERIFYING, **fence).update(verify_heartbeat_at=timezone.now()) == 1
+
+
+def verification_heartbeat(run: Run, fence: dict) -> Heartbeat:
+    pk = run.pk
+    return Heartbeat(beat=lambda: verification_beat(run_pk=pk, fence=fence),
+                     every=run.job.heartbeat_timeout_seconds / 4, name=f"verify-heartbeat-{pk}")
+
+
+def runs_reclaim_verifying(*, now=None) -> int:
+    """Hand back to `staged`, and verify again, every run whose verification stopped
+    beating for longer than its job's heartbeat timeout: its verifier died after the
+    claim (kill -9, a metadata database restart), and a redelivery of its task only
+    finds it `verifying`. A verifier that was merely frozen is fenced by its token.
+    Runs waiting for their second rerun have no beat and are left alone."""
+    now = now or timezone.now()
+    reclaimed = 0
+    waiting = Run.objects.filter(status=S.VERIFYING, verify_heartbeat_at__isnull=False).select_related("job__dataset")
+    for run in waiting:
+        last = run.verify_heartbeat_at
+        if last >= now - timedelta(seconds=run.job.heartbeat_timeout_seconds):
+            continue
+        with log_context(run_id=run.run_id, request_id=run.request_id):
+            try:
+                with transaction.atomic():
+                    run_transition(run, to=S.STAGED, reason=f"verification lost: no heartbeat since {last.isoformat()}",
+                                   expect={"verify_token": run.verify_token, "verify_heartbeat_at": last},
+                                   updates={"verify_heartbeat_at": None})
+                    enqueue_verify(run)
+            except ConflictError:
+                continue  # it beat, finished or was reclaimed meanwhile
+            logger.warning("verification lost (last beat %s); verifying again", last.isoformat())
+        reclaimed += 1
+    return reclaimed
 
 
 def run_publish(*, run_id: str, actor=None) -> str:
@@ -347,51 +417,62 @@ def second_rerun_compare(*, run_id: str) -> str:
     if verification.status != S.STAGED:
         return f"skipped-{verification.status}"
     with log_context(run_id=verification.run_id, request_id=verification.request_id):
-        try:
-            run_transition(verification, to=S.VERIFYING)
-        except ConflictError:
+        fence = verification_claim(verification)
+        if fence is None:
             return "claimed-elsewhere"
         original = _original_of(verification)
         if original is None or original.status != S.VERIFYING:
             state = original.status if original else "missing"
-            run_transition(verification, to=S.CANCELLED, reason=f"its original run is {state}; nothing to compare",
-                           updates={"finished_at": timezone.now()})
+            try:
+                run_transition(verification, to=S.CANCELLED, reason=f"its original run is {state}; nothing to compare",
+                               updates={"finished_at": timezone.now()}, expect=fence)
+            except ConflictError:
+                return "fenced"
             return "orphan"
         warehouse = get_warehouse()
         spec = spec_for(original.job.dataset)
         try:
-            first = _numbers(warehouse.profile(spec=spec, run_id=original.run_id))
-            second = _numbers(warehouse.profile(spec=spec, run_id=verification.run_id))
+            with verification_heartbeat(verification, fence):
+                first = _numbers(warehouse.profile(spec=spec, run_id=original.run_id))
+                second = _numbers(warehouse.profile(spec=spec, run_id=verification.run_id))
         except Exception as exc:
             logger.warning("second-rerun comparison could not run: %s", exc)
-            run_transition(verification, to=S.STAGED, reason=f"comparison could not run: {exc}")
+            try:
+                run_transition(verification, to=S.STAGED, reason=f"comparison could not run: {exc}", expect=fence,
+                               updates={"verify_heartbeat_at": None})
+            except ConflictError:
+                return "fenced"
             raise
         differs = sorted(k for k in first if first[k] != second[k])
         observed = {"original_run_id": original.run_id, "verification_run_id": verification.run_id,
                     "original": first, "second": second, "differs": differs}
         now = timezone.now()
-        with transaction.atomic():
-            message = "" if not differs else (
-                "non-deterministic: the same code on the same pinned inputs gave a different result ("
-                + ", ".join(f"{k} {first[k]} vs {second[k]}" for k in differs) + ")")
-            for target in (original, verification):
-                CheckResult.objects.create(run=target, name="second_rerun", blocking=True, passed=not differs,
-                                           observed=observed, message=message, checked_at=now)
-            if differs:
-                run_transition(verification, to=S.VERIFICATION_FAILED, reason=message[:500],
-                               updates={"error": message[:4000], "finished_at": now},
-                               data={"verifies": original.run_id})
-                run_transition(original, to=S.VERIFICATION_FAILED, reason=message[:500],
-                               updates={"error": message[:4000], "finished_at": now},
-                               data={"checks": {"second_rerun": False}, "verification_run_id": verification.run_id})
-                _interval_failed(original)
-                logger.warning("%s", message)
-                return "non_deterministic"
-            # Retired, not published: a verification run only ever proves the original.
-            run_transition(verification, to=S.CANCELLED, updates={"finished_at": now},
-                           reason=f"second rerun matched {original.run_id}; verification runs are never published",
-                           data={"verifies": original.run_id, "fingerprint": second["fingerprint"]})
-            expected = warehouse.current(original.job.dataset.name, original.partition_key) or ""
-            run_transition(original, to=S.VERIFIED, updates={"expected_previous_run_id": expected},
-                           data={"checks": {"second_rerun": True}, "verification_run_id": verification.run_id})
+        try:
+            with transaction.atomic():
+                message = "" if not differs else (
+                    "non-deterministic: the same code on the same pinned inputs gave a different result ("
+                    + ", ".join(f"{k} {first[k]} vs {second[k]}" for k in differs) + ")")
+                for target in (original, verification):
+                    CheckResult.objects.create(run=target, name="second_rerun", blocking=True, passed=not differs,
+                                               observed=observed, message=message, checked_at=now)
+                if differs:
+                    run_transition(verification, to=S.VERIFICATION_FAILED, reason=message[:500],
+                                   updates={"error": message[:4000], "finished_at": now},
+                                   data={"verifies": original.run_id}, expect=fence)
+                    run_transition(original, to=S.VERIFICATION_FAILED, reason=message[:500],
+                                   updates={"error": message[:4000], "finished_at": now},
+                                   data={"checks": {"second_rerun": False}, "verification_run_id": verification.run_id})
+                    _interval_failed(original)
+                    logger.warning("%s", message)
+                    return "non_deterministic"
+                # Retired, not published: a verification run only ever proves the original.
+                run_transition(verification, to=S.CANCELLED, updates={"finished_at": now}, expect=fence,
+                               reason=f"second rerun matched {original.run_id}; verification runs are never published",
+                               data={"verifies": original.run_id, "fingerprint": second["fingerprint"]})
+                expected = warehouse.current(original.job.dataset.name, original.partition_key) or ""
+                run_transition(original, to=S.VERIFIED, updates={"expected_previous_run_id": expected},
+                               data={"checks": {"second_rerun": True}, "verification_run_id": verification.run_id})
+        except ConflictError:
+            logger.warning("comparison of %s was reclaimed meanwhile; its result is refused", verification.run_id)
+            return "fenced"
     return run_publish(run_id=original.run_id)
