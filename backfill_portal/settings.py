@@ -136,6 +136,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a NUL byte in the path, query or a header is a 400 before any session or
+    # token lookup (PostgreSQL cannot hold one in text; the driver would raise).
+    "backfill_portal.core.middleware.RejectNulBytesMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "backfill_portal.core.security.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -303,6 +306,8 @@ CONTENT_SECURITY_POLICY = {
 CSP_INLINE_STYLE_PREFIXES = ("/admin/", "/api/")
 
 # --- REST API
+# A body over this many bytes is refused: 413 from the API (core/api.py), 400 from a page.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # The token scheme first: its challenge makes a call without credentials a 401
@@ -311,7 +316,13 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "backfill_portal.core.schema.PortalAutoSchema",
+    # DRF's JSON parser, refusing a NUL character in any string or key (core/parsers.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "backfill_portal.core.parsers.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "backfill_portal.core.pagination.IdCursorPagination",
     "PAGE_SIZE": 50,

@@ -9,3 +9,8 @@ urlpatterns = [
     path("api/", include("backfill_portal.api_urls")),
     path("", include("backfill_portal.web_urls")),
 ]
+
+# JSON under /api/ (an id that matches no route is a 404 like a missing object), the
+# pages' templates elsewhere.
+handler404 = "backfill_portal.core.api.not_found"
+handler500 = "backfill_portal.core.api.server_error"

@@ -3,16 +3,24 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import Http404
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import Http404, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from backfill_portal.core.errors import ApplicationError
+from backfill_portal.core.middleware import is_api_path
 
 logger = logging.getLogger(__name__)
+
+
+def body_too_large_message() -> str:
+    return f"the request body is larger than the {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes allowed"
 
 
 def exception_handler(exc, context):
@@ -24,6 +32,12 @@ def exception_handler(exc, context):
         message = first[1][0] if isinstance(first[1], list) and first[1] else str(first[1])
         return Response({"detail": f"{first[0]}: {message}", "code": "invalid", "errors": detail},
                         status=status.HTTP_400_BAD_REQUEST)
+    # Django refuses an oversized body (DATA_UPLOAD_MAX_MEMORY_SIZE) while DRF parses it.
+    if isinstance(exc, RequestDataTooBig):
+        return Response({"detail": body_too_large_message(), "code": "too_large"},
+                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    if isinstance(exc, SuspiciousOperation):  # too many fields or files, a malformed multipart body, ...
+        return Response({"detail": f"bad request: {exc}", "code": "invalid"}, status=status.HTTP_400_BAD_REQUEST)
     response = drf_exception_handler(exc, context)
     if response is not None:
         return response
@@ -33,3 +47,23 @@ def exception_handler(exc, context):
     logger.exception("unhandled API error")
     return Response({"detail": "internal error; it has been logged", "code": "error"},
                     status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+
+
+# -- the project's handler404 / handler500: JSON under /api/, the pages elsewhere ------------
+
+def not_found(request, exception=None):
+    """A URL no route matches (e.g. a non-numeric id where the route takes digits only)."""
+    if is_api_path(request.path):
+        return JsonResponse({"detail": "Not found.", "code": "not_found"}, status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request):
+    if is_api_path(request.path):
+        return JsonResponse({"detail": "internal error; it has been logged", "code": "error"}, status=500)
+    return defaults.server_error(request)
+
+
+# Routes taking a numeric id match digits only (at most 18: any bigint), so "abc", "1.5"
+# or a 40-digit number is a 404 from the URL resolver, never a ValueError in a lookup.
+ID_LOOKUP = r"[0-9]{1,18}"

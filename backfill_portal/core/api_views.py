@@ -7,6 +7,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from backfill_portal.core.api import ID_LOOKUP
 from backfill_portal.core.authentication import locked_out_json
 from backfill_portal.core.errors import ValidationError
 from backfill_portal.core.models import ApiToken, AuditEvent
@@ -38,6 +39,7 @@ class AuditFilter(django_filters.FilterSet):
 class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     """The append-only audit log. Every authenticated role may read it."""
 
+    lookup_value_regex = ID_LOOKUP
     serializer_class = AuditEventSerializer
     filterset_class = AuditFilter
     ordering = "-id"

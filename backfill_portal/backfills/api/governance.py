@@ -9,12 +9,14 @@ from backfill_portal.backfills.models import ApprovalStep, HandoffItem
 from backfill_portal.backfills.services.handoff import handoff_accept, handoff_decline
 from backfill_portal.backfills.selectors import steps_waiting_for
 from backfill_portal.backfills.services.requests import approval_step_decide
+from backfill_portal.core.api import ID_LOOKUP
 from backfill_portal.core.errors import NotFound
 
 
 class ApprovalStepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Approval steps; `?mine=1` is the inbox: pending steps this user may decide."""
 
+    lookup_value_regex = ID_LOOKUP
     serializer_class = ApprovalStepSerializer
     filterset_fields = ["status", "kind", "request"]
 
@@ -62,6 +64,7 @@ class HandoffSerializer(serializers.ModelSerializer):
 
 
 class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    lookup_value_regex = ID_LOOKUP
     serializer_class = HandoffSerializer
     filterset_fields = ["status", "request"]
 

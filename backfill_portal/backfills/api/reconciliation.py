@@ -73,16 +73,35 @@ class PartitionMoveSerializer(serializers.Serializer):
     to_run_id = serializers.CharField()
 
 
+IMPACT_HELP = ("the contaminated closure: every version published at the rollback that was built from a "
+               "rolled-back one, with depth, via and state")
+
+
 class RequestRollbackResultSerializer(serializers.Serializer):
+    """POST: the pointer moves; the GET's answer is RequestRollbackStateSerializer."""
+
     request = serializers.IntegerField()
-    partitions = PartitionMoveSerializer(many=True, required=False, help_text="POST: the pointer moves")
-    status = serializers.CharField(required=False, help_text="GET: the request's status")
-    rolled_back = serializers.ListField(child=serializers.DictField(), required=False,
-                                        help_text="GET: the versions rolled back")
+    partitions = PartitionMoveSerializer(many=True, help_text="the pointer moves")
     consumers = ConsumerSerializer(many=True)
-    impact = serializers.ListField(child=serializers.DictField(),
-                                   help_text="the contaminated closure: every version published at the rollback "
-                                             "that was built from a rolled-back one, with depth, via and state")
+    impact = serializers.ListField(child=serializers.DictField(), help_text=IMPACT_HELP)
+    rebuild = serializers.CharField(help_text="POST here to file the one request rebuilding the closure")
+
+
+class RolledBackVersionSerializer(serializers.Serializer):
+    dataset = serializers.CharField()
+    partition_key = serializers.CharField()
+    run_id = serializers.CharField()
+
+
+class RequestRollbackStateSerializer(serializers.Serializer):
+    """GET: what the request's rollback did (nothing yet: empty lists), not a move list."""
+
+    request = serializers.IntegerField()
+    status = serializers.CharField(help_text="the request's status")
+    rolled_back = RolledBackVersionSerializer(many=True, help_text="the versions this request published that "
+                                              "were rolled back")
+    consumers = ConsumerSerializer(many=True)
+    impact = serializers.ListField(child=serializers.DictField(), help_text=IMPACT_HELP)
     rebuild = serializers.CharField(help_text="POST here to file the one request rebuilding the closure")
 
 

@@ -18,6 +18,8 @@ from backfill_portal.backfills.preview import request_plan_preview
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ValidationError
 from backfill_portal.backfills.selectors import request_list
+from backfill_portal.core.api import ID_LOOKUP
+from backfill_portal.core.schema import ErrorSerializer
 from backfill_portal.backfills.services.requests import (
     backfill_request_cancel,
     backfill_request_create,
@@ -32,6 +34,7 @@ from backfill_portal.backfills.api.reconciliation import (  # noqa: I001  (issue
     ReconciliationRowSerializer,
     ReconciliationSerializer,
     RequestRollbackResultSerializer,
+    RequestRollbackStateSerializer,
     RollbackSerializer,
     SignoffSerializer,
 )
@@ -42,6 +45,7 @@ from rest_framework.reverse import reverse
 
 
 class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    lookup_value_regex = ID_LOOKUP
     filterset_fields = ["status", "job__name", "requested_by__username", "cascade"]
     ordering = "-id"
 
@@ -141,8 +145,9 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             response["Content-Disposition"] = f'attachment; filename="request-{obj.request_id}-reconciliation.csv"'
         return response
 
-    @extend_schema(methods=["GET"], request=None, responses=ReconciliationSerializer,
-                   description="The manifest and the four numbers per interval (computed on first read). "
+    @extend_schema(methods=["GET"], request=None, responses={200: ReconciliationSerializer, 409: ErrorSerializer},
+                   description="The manifest and the four numbers per interval (computed on first read; 409 "
+                               "while nothing has run yet). "
                                "`?format=csv` or `reconciliation.csv` exports the table and the manifest.")
     @extend_schema(methods=["POST"], request=None, responses=ReconciliationSerializer,
                    description="Recompute the reconciliation now (explanations are kept).")
@@ -177,7 +182,9 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
                                "version (compare-and-set: 409 if someone published since), and list the "
                                "consumer runs that read the rolled-back versions and the contaminated closure "
                                "(`impact`).")
-    @extend_schema(methods=["GET"], request=None, responses=RequestRollbackResultSerializer)
+    @extend_schema(methods=["GET"], request=None, responses=RequestRollbackStateSerializer,
+                   description="What this request's rollback did: the versions rolled back, their consumers "
+                               "and the contaminated closure (`impact`).")
     @action(detail=True, methods=["get", "post"])
     def rollback(self, request, pk=None):
         if request.method == "GET":

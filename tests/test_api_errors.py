@@ -1,0 +1,226 @@
+"""No request answers 500 (issue 13, §4): each server error schemathesis or a hand test
+found, in-process and fast, and every refusal checked against the documented schema
+(status, content type, body) by schemathesis' own validator. The live-server fuzz of
+the whole API is tests/fuzz/run_fuzz.py, run by .ci/run on both backends."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import schemathesis
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from django.test import Client
+from rest_framework.authtoken.models import Token
+
+from backfill_portal.backfills.models import BackfillRequest
+from backfill_portal.core.models import AuditEvent
+from backfill_portal.wsgi import application
+
+NOT_IDS = ["abc", "null,null", "1.5", "-1", "1e3", "9" * 19]
+NUL = "a\x00b"
+
+
+@pytest.fixture
+def openapi(personas):
+    """The API's own schema, driven through the WSGI application (real requests, the
+    whole middleware stack), with a token per persona."""
+    # As Django's test client does: the raw WSGI handler would otherwise close the test's
+    # connection (and its open transaction) around each request on PostgreSQL.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    tokens = {name: Token.objects.create(user=user).key for name, user in personas.items()}
+    schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application,
+                                            headers={"Authorization": f"Token {tokens['audrey']}"})
+
+    def call(method: str, path: str, *, as_: str = "alice", validate: bool = True, **kwargs):
+        case = schema[path][method].Case(headers={"Authorization": f"Token {tokens[as_]}"}, **kwargs)
+        response = case.call()
+        if validate:
+            case.validate_response(response)  # documented status, content type and body
+        return response
+
+    call.schema = schema
+    yield call
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+def content_type(response) -> str:
+    value = {k.lower(): v for k, v in response.headers.items()}["content-type"]
+    return value[0] if isinstance(value, list) else value
+
+
+def error_detail(response) -> str:
+    body = response.json()
+    assert isinstance(body["detail"], str) and body["detail"], body
+    return body["detail"]
+
+
+# -- 1. a non-integer id: the approvals' decide actions raised ValueError --------------------
+
+@pytest.mark.parametrize("action", ["approve", "reject"])
+def test_a_non_numeric_approval_step_id_is_a_404_not_a_500(openapi, catalog, action):
+    for bad in NOT_IDS:
+        response = openapi("POST", f"/api/approvals/{{id}}/{action}/", path_parameters={"id": bad},
+                           body={"comment": "x"}, media_type="application/json", as_="olivia", validate=False)
+        assert response.status_code == 404, (bad, response.status_code, response.text)
+        assert content_type(response).startswith("application/json")
+        error_detail(response)
+    assert not AuditEvent.objects.filter(action__startswith="approval").exists()
+
+
+def test_every_route_taking_an_id_answers_404_to_one_that_is_not_a_number(openapi, api, catalog):
+    client = api("olivia")
+    paths = openapi.schema.raw_schema["paths"]
+    checked = 0
+    for template, operations in paths.items():
+        if "{id}" not in template:
+            continue
+        url = template.replace("{id}", "abc").replace("{key}", "2022-10-01")
+        for method in operations:
+            response = getattr(client, method)(url, {}, format="json") if method == "post" else client.get(url)
+            assert response.status_code == 404, (method, url, response.status_code)
+            assert response["Content-Type"].startswith("application/json"), (method, url)
+            checked += 1
+    assert checked >= 20
+
+
+# -- 2. a NUL byte in a path parameter, the query or a header (500 on PostgreSQL) ----------
+
+API_NUL_ROUTES = [
+    ("GET", "/api/datasets/{name}/", {"name": NUL}),
+    ("GET", "/api/jobs/{name}/", {"name": NUL}),
+    ("GET", "/api/runs/{run_id}/", {"run_id": NUL}),
+    ("GET", "/api/datasets/{name}/partitions/{key}/", {"name": "dwd_order_items", "key": NUL}),
+    ("POST", "/api/datasets/{name}/partitions/{key}/rollback/", {"name": "dwd_order_items", "key": NUL}),
+    ("POST", "/api/datasets/{name}/partitions/{key}/rollback/rebuild/", {"name": "dwd_order_items", "key": NUL}),
+    ("POST", "/api/requests/{id}/intervals/{key}/explain/", {"id": 1, "key": NUL}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "params"), API_NUL_ROUTES, ids=[f"{m} {p}" for m, p, _ in API_NUL_ROUTES])
+def test_a_nul_byte_in_an_api_path_parameter_is_a_documented_400(openapi, catalog, method, path, params):
+    before = AuditEvent.objects.count()
+    extra = {"body": {"reason": "r", "explanation": "e"}, "media_type": "application/json"} if method == "POST" else {}
+    response = openapi(method, path, path_parameters=params, as_="oscar", **extra)
+    assert response.status_code == 400, response.text
+    assert "NUL" in error_detail(response)
+    assert AuditEvent.objects.count() == before
+
+
+WEB_NUL_ROUTES = [
+    "/runs/a%00b/",
+    "/datasets/dwd_order_items/partitions/a%00b/",
+    "/datasets/dwd_order_items/partitions/a%00b/rollback/",
+    "/datasets/dwd_order_items/partitions/a%00b/rebuild-consumers/",
+]
+
+
+@pytest.mark.parametrize("url", WEB_NUL_ROUTES)
+def test_a_nul_byte_in_a_page_path_parameter_is_a_400(personas, catalog, url):
+    client = Client()
+    client.force_login(personas["oscar"])
+    before = AuditEvent.objects.count()
+    for response in (client.get(url), client.post(url, {"reason": "r"})):
+        assert response.status_code == 400, (url, response.status_code)
+        assert "NUL" in response.content.decode()
+        assert "Traceback" not in response.content.decode()
+    assert AuditEvent.objects.count() == before
+
+
+def test_a_nul_byte_in_the_query_string_is_a_documented_400(openapi, personas, catalog):
+    response = openapi("GET", "/api/audit/", query={"actor": NUL})
+    assert response.status_code == 400
+    assert "NUL" in error_detail(response)
+    client = Client()
+    client.force_login(personas["alice"])
+    assert client.get("/requests/", {"status": NUL}).status_code == 400
+
+
+@pytest.mark.parametrize("header", [{"HTTP_AUTHORIZATION": "Token abc\x00def"},
+                                    {"HTTP_COOKIE": "sessionid=abcdefghij\x00klmnop"}])
+def test_a_nul_byte_in_a_credential_header_is_a_400_before_any_lookup(db, header):
+    response = Client().get("/api/requests/", **header)
+    assert response.status_code == 400
+    assert "NUL" in error_detail(response)
+
+
+def test_a_nul_character_in_a_json_key_or_value_is_a_400_and_creates_nothing(openapi, catalog):
+    body = {"job": "dwd_order_items", "start": "2022-10-01", "end": "2022-10-02", "reason": "nul key",
+            "cascade": "cascade", "node_actions": {NUL: "skip"}}
+    for sent in (body, {**body, "node_actions": {}, "reason": NUL}):
+        response = openapi("POST", "/api/requests/", body=sent, media_type="application/json")
+        assert response.status_code == 400, response.text
+        error_detail(response)
+    assert not BackfillRequest.objects.exists()
+
+
+# -- 3. a body over DATA_UPLOAD_MAX_MEMORY_SIZE: 413, not 500 --------------------------------
+
+def test_an_api_body_over_the_upload_limit_is_a_documented_413_and_creates_nothing(openapi, catalog, settings):
+    before = AuditEvent.objects.count()
+    body = {"job": "dwd_order_items", "start": "2022-10-01", "end": "2022-10-02", "reason": "r" * 3 * 1024 * 1024}
+    response = openapi("POST", "/api/requests/", body=body, media_type="application/json")
+    assert response.status_code == 413, response.text
+    assert response.json()["code"] == "too_large"
+    assert str(settings.DATA_UPLOAD_MAX_MEMORY_SIZE) in error_detail(response)
+    # The limit is the setting's, not a constant: a small one refuses a small body.
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 200
+    response = openapi("POST", "/api/approvals/{id}/approve/", path_parameters={"id": 1},
+                       body={"comment": "c" * 400}, media_type="application/json", as_="olivia")
+    assert response.status_code == 413
+    assert not BackfillRequest.objects.exists()
+    assert AuditEvent.objects.count() == before
+
+
+def test_a_page_form_over_the_upload_limit_is_a_400_not_a_500(personas, catalog):
+    client = Client()
+    client.force_login(personas["alice"])
+    response = client.post("/requests/new/", {"job": "dwd_order_items", "reason": "r" * 3 * 1024 * 1024})
+    assert response.status_code == 400
+    assert not BackfillRequest.objects.exists()
+
+
+# -- 4. schema drift ------------------------------------------------------------------------
+
+def test_the_rollback_get_answer_matches_its_schema(openapi, catalog):
+    created = openapi("POST", "/api/requests/", body={"job": "dwd_order_items", "start": "2022-10-01",
+                                                      "end": "2022-10-02", "reason": "schema"},
+                      media_type="application/json")
+    assert created.status_code == 201, created.text
+    response = openapi("GET", "/api/requests/{id}/rollback/", path_parameters={"id": created.json()["id"]},
+                       as_="audrey")
+    assert response.status_code == 200
+    assert response.json()["rolled_back"] == [] and response.json()["consumers"] == []
+
+
+def test_a_conflict_and_a_refusal_match_the_documented_error_body(openapi, catalog):
+    created = openapi("POST", "/api/requests/", body={"job": "dwd_order_items", "start": "2022-10-01",
+                                                      "end": "2022-10-02", "reason": "errors"},
+                      media_type="application/json").json()
+    # 409: a draft has nothing to reconcile; 403: an auditor changes nothing; 400: a bad field.
+    assert openapi("GET", "/api/requests/{id}/reconciliation/", path_parameters={"id": created["id"]}).status_code == 409
+    assert openapi("POST", "/api/requests/{id}/cancel/", path_parameters={"id": created["id"]}, body={},
+                   media_type="application/json", as_="audrey").status_code == 403
+    bad = openapi("POST", "/api/requests/", body={"job": "dwd_order_items", "start": "2022-10-01", "end": "x",
+                                                  "reason": "r", "max_active_intervals": 0},
+                  media_type="application/json")
+    assert bad.status_code == 400
+    assert "max_active_intervals" in bad.json()["errors"]
+
+
+def test_every_operation_documents_its_error_answers(openapi):
+    doc = openapi.schema.raw_schema
+    assert set(doc["components"]["schemas"]["Error"]["required"]) == {"detail"}
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            expected = {"400", "401", "403", "404"} | ({"409", "413"} if method != "get" else set())
+            assert expected <= set(operation["responses"]), (method, path, sorted(operation["responses"]))
+            for code in expected:
+                for content in operation["responses"][code]["content"].values():
+                    assert content["schema"] == {"$ref": "#/components/schemas/Error"}, (method, path, code)
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] == "path" and parameter["name"] == "id":
+                    assert parameter["schema"]["type"] == "integer", (method, path)
+    assert json.dumps(doc).count("RequestRollbackState") >= 2
