@@ -9,10 +9,15 @@ forget them:
 * 404 everywhere: a missing object, a non-numeric id, an unknown `?format=`;
 * 409 and 413 on the writing methods: a state that forbids the change or a lost race,
   a body over DATA_UPLOAD_MAX_MEMORY_SIZE.
+
+A view that declares its own 4xx answers (with `extend_schema(responses=...)`, e.g. the
+token endpoint, which asks for no credentials) is taken at its word; `error_responses()`
+gives it the standard ones to start from.
 """
 from __future__ import annotations
 
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
 from backfill_portal.core.api import ID_LOOKUP
@@ -38,6 +43,11 @@ class ErrorSerializer(serializers.Serializer):
         ref_name = "Error"
 
 
+def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
+    """The standard error answers for `extend_schema(responses={...})`."""
+    return {code: OpenApiResponse(ErrorSerializer, description=ERROR_DESCRIPTIONS[str(code)]) for code in codes}
+
+
 class PortalAutoSchema(AutoSchema):
     def get_operation(self, path, path_regex, path_prefix, method, registry):
         operation = super().get_operation(path, path_regex, path_prefix, method, registry)
@@ -48,6 +58,8 @@ class PortalAutoSchema(AutoSchema):
             if parameter.get("in") == "path" and parameter.get("schema", {}).get("pattern") == f"^{ID_LOOKUP}$":
                 parameter["schema"] = {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}
         responses = operation.setdefault("responses", {})
+        if any(code.startswith("4") for code in responses):
+            return operation  # the view documented its refusals itself
         error_ref = self.resolve_serializer(ErrorSerializer, "response").ref
         # Errors are written by the view's renderers too (JSON; CSV for a CSV export).
         media_types = next((list(r["content"]) for code, r in responses.items()
@@ -55,6 +67,5 @@ class PortalAutoSchema(AutoSchema):
         for code, description in ERROR_DESCRIPTIONS.items():
             if code in WRITE_ONLY_ERRORS and method.upper() not in WRITING_METHODS:
                 continue
-            answer = responses.setdefault(code, {"content": {mt: {"schema": error_ref} for mt in media_types}})
-            answer["description"] = answer.get("description") or description
+            responses[code] = {"content": {mt: {"schema": error_ref} for mt in media_types}, "description": description}
         return operation

@@ -19,7 +19,7 @@ from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ValidationError
 from backfill_portal.backfills.selectors import request_list
 from backfill_portal.core.api import ID_LOOKUP
-from backfill_portal.core.schema import ErrorSerializer
+from backfill_portal.core.schema import error_responses
 from backfill_portal.backfills.services.requests import (
     backfill_request_cancel,
     backfill_request_create,
@@ -145,7 +145,7 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             response["Content-Disposition"] = f'attachment; filename="request-{obj.request_id}-reconciliation.csv"'
         return response
 
-    @extend_schema(methods=["GET"], request=None, responses={200: ReconciliationSerializer, 409: ErrorSerializer},
+    @extend_schema(methods=["GET"], request=None, responses={200: ReconciliationSerializer, **error_responses(400, 401, 403, 404, 409)},
                    description="The manifest and the four numbers per interval (computed on first read; 409 "
                                "while nothing has run yet). "
                                "`?format=csv` or `reconciliation.csv` exports the table and the manifest.")
