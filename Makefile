@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test install migrate demo bench clean
+.PHONY: run test fuzz install migrate demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ run: demo
 
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Schemathesis against a live server, as CI runs it (DATABASE_URL etc. pick the backend;
+# on PostgreSQL the named databases are dropped and created anew).
+fuzz: install
+	$(PY) tests/fuzz/run_fuzz.py
 
 bench: install
 	$(PY) benchmarks/plan_intervals.py

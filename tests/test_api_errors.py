@@ -229,3 +229,20 @@ def test_every_operation_documents_its_error_answers(openapi):
                 if parameter["in"] == "path" and parameter["name"] == "id":
                     assert parameter["schema"]["type"] == "integer", (method, path)
     assert json.dumps(doc).count("RequestRollbackState") >= 2
+
+
+def test_a_body_that_is_not_json_is_a_400_with_a_code(api, db):
+    # DRF's ParseError answered {"detail"} alone, which the token endpoint's schema refuses.
+    for client, path in ((Client(), "/api/auth/token/"), (api("alice"), "/api/requests/")):
+        response = client.post(path, data="{not json", content_type="application/json")
+        assert response.status_code == 400, (path, response.content)
+        assert response.json()["code"] == "parse_error"
+        assert response.json()["detail"].startswith("JSON parse error")
+
+
+def test_no_credentials_is_a_401_with_a_code(db):
+    # DRF's NotAuthenticated answered {"detail"} alone, which the revoke endpoint's schema refuses.
+    for path in ("/api/auth/token/revoke/", "/api/requests/1/cancel/"):
+        response = Client().post(path, data={}, content_type="application/json")
+        assert response.status_code == 401, (path, response.content)
+        assert response.json()["code"] == "not_authenticated"

@@ -23,6 +23,17 @@ def body_too_large_message() -> str:
     return f"the request body is larger than the {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes allowed"
 
 
+def error_code(exc) -> str:
+    if isinstance(exc, drf_exceptions.APIException):
+        codes = exc.get_codes()
+        return codes if isinstance(codes, str) else exc.default_code
+    if isinstance(exc, Http404):
+        return "not_found"
+    if isinstance(exc, DjangoPermissionDenied):
+        return "permission_denied"
+    return "error"
+
+
 def exception_handler(exc, context):
     if isinstance(exc, ApplicationError):
         return Response(exc.as_dict(), status=exc.status_code)
@@ -40,6 +51,10 @@ def exception_handler(exc, context):
         return Response({"detail": f"bad request: {exc}", "code": "invalid"}, status=status.HTTP_400_BAD_REQUEST)
     response = drf_exception_handler(exc, context)
     if response is not None:
+        # DRF's own refusals (a body that is not JSON, no credentials, an unknown
+        # ?format=) get a code like every other error body.
+        if isinstance(response.data, dict) and "detail" in response.data:
+            response.data.setdefault("code", error_code(exc))
         return response
     if isinstance(exc, (Http404, DjangoPermissionDenied)):
         return drf_exception_handler(exc, context)
