@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -81,7 +82,9 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bf-fuzz-"))
     env = {**os.environ, "BACKFILL_VAR_DIR": str(workdir), "DEBUG": "0", "SECRET_KEY": "fuzz-" + "k" * 50,
            "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
-           "ALLOWED_HOSTS": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"}
+           "ALLOWED_HOSTS": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1",
+           # DEBUG off needs a key for the audit chain; a throwaway one for a throwaway database.
+           "AUDIT_KEY": f"fuzz:{secrets.token_hex(32)}"}
     for key in ("DATABASE_URL", "WAREHOUSE_URL"):
         if env.get(key, "").startswith("postgres"):
             recreate_postgres_database(env[key])
