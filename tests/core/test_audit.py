@@ -273,6 +273,14 @@ def test_audit_api_is_cursor_paginated(api, activity):
     assert pages == -(-total // 3)
 
 
+def test_audit_api_shows_each_event_with_its_link_and_key_id(api, activity, settings):
+    """Enough to check a link outside the portal, given the key: hash, prev_hash, key_id."""
+    event = AuditEvent.objects.order_by("-id").first()
+    row = results(api("audrey").get("/api/audit/", {"page_size": 1}))[0]
+    assert (row["id"], row["hash"], row["prev_hash"], row["key_id"]) == (
+        event.pk, event.hash, event.prev_hash, settings.AUDIT_KEY_ID)
+
+
 def test_audit_api_is_read_only(api, activity):
     event = AuditEvent.objects.order_by("id").first()
     assert api("admin").delete(f"/api/audit/{event.pk}/").status_code == 405
