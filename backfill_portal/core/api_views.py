@@ -20,7 +20,7 @@ class AuditEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = AuditEvent
         fields = ["id", "at", "actor", "action", "object_type", "object_id", "request_id", "dataset",
-                  "from_state", "to_state", "reason", "data", "prev_hash", "hash"]
+                  "from_state", "to_state", "reason", "data", "prev_hash", "hash", "key_id"]
 
 
 class AuditFilter(django_filters.FilterSet):

@@ -18,6 +18,18 @@ class AuditEventQuerySet(models.QuerySet):
     def delete(self):
         raise AppendOnlyError("the audit log is append-only: deletes are refused")
 
+    def bulk_create(self, objs, *args, **kwargs):
+        raise AppendOnlyError(WRITTEN_BY_AUDIT_RECORD)
+
+    def create(self, **kwargs):
+        raise AppendOnlyError(WRITTEN_BY_AUDIT_RECORD)
+
+
+# The chain gives each event its id and signature under its lock; an event written any
+# other way would take an id from the table's sequence, which the chain does not use.
+WRITTEN_BY_AUDIT_RECORD = ("audit events are written by core.services.audit.audit_record, which numbers, "
+                           "chains and signs them")
+
 
 class AuditEvent(models.Model):
     at = models.DateTimeField(db_index=True)
@@ -56,7 +68,7 @@ class AuditEvent(models.Model):
     def save(self, *args, **kwargs):
         if self.pk is not None:
             raise AppendOnlyError("the audit log is append-only: updates are refused")
-        super().save(*args, **kwargs)
+        raise AppendOnlyError(WRITTEN_BY_AUDIT_RECORD)
 
     def delete(self, *args, **kwargs):
         raise AppendOnlyError("the audit log is append-only: deletes are refused")

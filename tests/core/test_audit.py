@@ -10,6 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
 
 from backfill_portal.backfills.services.requests import backfill_request_create, backfill_request_submit
 from backfill_portal.core.models import AppendOnlyError, AuditEvent
@@ -57,6 +58,21 @@ def test_queryset_update_and_delete_are_refused(activity):
         AuditEvent.objects.filter(actor_name="alice").delete()
     assert AuditEvent.objects.count() == before
     assert not AuditEvent.objects.filter(reason="x").exists()
+
+
+def test_events_are_only_written_by_audit_record(activity):
+    """The ORM's own inserts would number an event from the table's sequence, outside
+    the chain: refused, so every event is numbered, chained and signed."""
+    before = AuditEvent.objects.count()
+    fields = dict(at=timezone.now(), actor_name="mallory", action="x", object_type="x", object_id="1",
+                  prev_hash="0" * 64, hash="f" * 64)
+    with pytest.raises(AppendOnlyError, match="written by core.services.audit.audit_record"):
+        AuditEvent(**fields).save()
+    with pytest.raises(AppendOnlyError, match="written by core.services.audit.audit_record"):
+        AuditEvent.objects.create(**fields)
+    with pytest.raises(AppendOnlyError, match="written by core.services.audit.audit_record"):
+        AuditEvent.objects.bulk_create([AuditEvent(**fields)])
+    assert AuditEvent.objects.count() == before
 
 
 def test_bulk_update_is_refused(activity):
@@ -255,6 +271,14 @@ def test_audit_api_is_cursor_paginated(api, activity):
     assert seen == sorted(seen, reverse=True)  # newest first
     assert len(seen) == len(set(seen)) == total
     assert pages == -(-total // 3)
+
+
+def test_audit_api_shows_each_event_with_its_link_and_key_id(api, activity, settings):
+    """Enough to check a link outside the portal, given the key: hash, prev_hash, key_id."""
+    event = AuditEvent.objects.order_by("-id").first()
+    row = results(api("audrey").get("/api/audit/", {"page_size": 1}))[0]
+    assert (row["id"], row["hash"], row["prev_hash"], row["key_id"]) == (
+        event.pk, event.hash, event.prev_hash, settings.AUDIT_KEY_ID)
 
 
 def test_audit_api_is_read_only(api, activity):
@@ -510,8 +534,6 @@ def test_events_from_before_the_key_still_verify_as_the_first_of_the_chain(db):
     """The migration path: events written by the unkeyed chain (key_id '', plain SHA-256,
     ids with the holes a sequence leaves) verify as they are; the first keyed event
     signs their head, and an unkeyed event after it is a break."""
-    from django.utils import timezone
-
     prev = "0" * 64
     for event_id in (3, 4, 9):
         event = AuditEvent(id=event_id, at=timezone.now(), actor_name="system", action="legacy.event",
