@@ -22,3 +22,14 @@ def test_a_month_request_keeps_the_plural(web, make_request):
     req = make_request("running")
     text = _text(web("alice").get(reverse("request-detail", args=[req.pk])))
     assert "31 daily intervals," in text
+
+
+def test_states_are_shown_in_words_on_the_request_page_and_the_list(web, make_request):
+    req = make_request("pending")
+    client = web("alice")
+    detail = client.get(reverse("request-detail", args=[req.pk])).content.decode()
+    assert '<span class="pill pill-pending_approval">pending approval</span>' in detail
+    listing = client.get(reverse("request-list")).content.decode()
+    assert '<span class="pill pill-pending_approval">pending approval</span>' in listing
+    assert '<option value="pending_approval">pending approval</option>' in listing
+    assert ">pending_approval<" not in detail + listing
