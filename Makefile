@@ -7,18 +7,22 @@ STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 .PHONY: run test fuzz install migrate demo bench clean
 
 $(STAMP): pyproject.toml
+	@echo "==> installing the Python dependencies into $(VENV) (pip; about 40 s on a fresh machine) ..."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
+	@echo "==> dependencies installed"
 
 install: $(STAMP)
 
 migrate: install
+	@echo "==> migrating the metadata database ..."
 	$(PY) manage.py migrate --noinput
 
 demo: migrate
+	@echo "==> loading the demo: users, catalog, source data (about a minute the first time; a line per month) ..."
 	$(PY) manage.py load_demo
 
 # Web server, one Celery worker and the periodic scheduler; Ctrl-C stops all three.

@@ -72,6 +72,11 @@ class RequestForm(forms.Form):
     # Not a user field: makes a double click, or a resubmission after an overlap warning,
     # reuse the draft already created instead of filing a second one.
     idempotency_key = forms.CharField(widget=forms.HiddenInput, required=False, max_length=128)
+    # Which button was pressed. Absent (Enter in a field of an old page) saves a draft;
+    # any other value is refused instead of silently saving one.
+    action = forms.ChoiceField(
+        required=False, choices=[("create", "Save draft"), ("submit", "Create and submit")],
+        error_messages={"invalid_choice": "Unknown action %(value)s: press “Save draft” or “Create and submit”."})
 
     def __init__(self, *args, jobs=None, **kwargs):
         super().__init__(*args, **kwargs)

@@ -21,7 +21,8 @@ import itertools
 import multiprocessing
 import random
 import threading
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo
@@ -86,9 +87,12 @@ def load_demo_sources(
     orders_per_day: int = 8000,
     page_views_per_hour: int = 400,
     seed: int = 7,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, int]:
     """Create the source tables if missing and load every local day in [first, last]
     not loaded yet. Returns the rows inserted per table (0s when all days were loaded).
+    `progress`, when given, gets one line before the work and one per month loaded
+    (the default range takes most of a minute: `make run` says what it is doing).
 
     A day already recorded in `_bf_demo_loaded` is skipped whatever the other
     arguments are: drop the tables to regenerate with another seed or scale."""
@@ -109,8 +113,15 @@ def load_demo_sources(
         todo.extend((dataset, day) for dataset in counts if (dataset, day.isoformat()) not in loaded)
         day += timedelta(days=1)
     scale = {ORDER_EVENTS: orders_per_day, PAGE_EVENTS: page_views_per_hour}
+    if progress is not None and todo:
+        progress(f"source data: generating {len(todo)} table-days from {first} to {last} ...")
+    left_in_month = Counter(f"{day:%Y-%m}" for _, day in todo)
     for dataset, day, rows in _generated(db, todo, scale, seed):
         counts[dataset] += _load_day(db, dataset, day, seed, rows)
+        month = f"{day:%Y-%m}"
+        left_in_month[month] -= 1
+        if progress is not None and left_in_month[month] == 0:
+            progress(f"source data: {month} loaded ({sum(counts.values()):,} rows so far)")
     return counts
 
 

@@ -39,7 +39,7 @@ def test_alice_files_a_cascade_request_owners_approve_and_the_page_follows_the_r
     page.get_by_role("button", name="Create and submit").click()
     page.wait_for_url(re.compile(r"/requests/\d+/$"))
     req = BackfillRequest.objects.get()
-    expect(page.locator("h1 .pill")).to_have_text("pending_approval")
+    expect(page.locator("h1 .pill")).to_have_text("pending approval")
     expect(page.get_by_role("status").filter(has_text="submitted for approval")).to_be_visible()
     alice.shot("submitted")
     page.evaluate("window.__sameDocument = true")  # a reload would lose it

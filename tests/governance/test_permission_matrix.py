@@ -197,7 +197,7 @@ def perform(action: str, channel: str, client, ctx: dict):
             return client.post("/api/requests/", {"job": JOB, "reason": REASON, **RANGE}, format="json")
         return client.post("/requests/new/", {
             "job": JOB, "reason": REASON, **RANGE, "cascade": "none", "strategy": "forward",
-            "max_active_intervals": 4, "idempotency_key": uuid.uuid4().hex, "action": "save"})
+            "max_active_intervals": 4, "idempotency_key": uuid.uuid4().hex, "action": "create"})
     if action == "submit":
         if api:
             return client.post(f"/api/requests/{request.pk}/submit/", {}, format="json")

@@ -48,7 +48,7 @@ def test_request_detail_links_the_reconciliation_when_reconciling(web, doubled, 
     detail = web("alice").get(reverse("request-detail", args=[pending.pk])).content.decode()
     assert "/reconciliation/" not in detail
     page = web("alice").get(url(pending)).content.decode()
-    assert "Nothing ran yet: the request is pending_approval." in page
+    assert "Nothing ran yet: the request is pending approval." in page
 
 
 def test_explaining_with_htmx_returns_the_row_and_updates_counts_and_signoff_out_of_band(web, doubled):

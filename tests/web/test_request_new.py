@@ -275,3 +275,28 @@ def test_cascade_request_from_the_form_gets_the_steps_the_preview_promised(web, 
     assert ApprovalStep.objects.filter(request=req).count() == promised
     html = web("alice").get(reverse("request-detail", args=[req.pk])).content.decode()
     assert "Downstream plan" in html and 'title="dws_sales_daily 2022-10-01: planned"' in html
+
+
+def test_submitted_message_counts_the_whole_plan_with_cascaded_jobs(web, catalog):
+    client = web("alice")
+    response = client.post(NEW, form_data(action="submit", cascade="cascade", start="2022-10-01", end="2022-10-07"))
+    req = BackfillRequest.objects.get()
+    planned = Interval.objects.filter(request=req).count()
+    assert req.interval_count == 7 and planned > 7  # the downstream jobs' intervals are in the plan too
+    page = client.get(response["Location"]).content.decode()
+    assert f"Request #{req.pk} submitted for approval ({planned} intervals" in page
+
+
+def test_a_forged_action_is_refused_with_a_form_error_and_saves_nothing(web, catalog):
+    response = web("alice").post(NEW, form_data(action="publish-now"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Unknown action publish-now" in html and 'role="alert"' in html
+    assert not BackfillRequest.objects.exists()
+    assert not AuditEvent.objects.filter(action="request.create").exists()
+
+
+def test_no_action_at_all_still_saves_a_draft(web, catalog):
+    response = web("alice").post(NEW, form_data(action=None))
+    assert response.status_code == 302
+    assert BackfillRequest.objects.get().status == "draft"

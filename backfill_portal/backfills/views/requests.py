@@ -15,6 +15,7 @@ from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpResponse
 from django.shortcuts import render
+from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
@@ -277,7 +278,7 @@ def request_new(request):
     form = RequestForm(request.POST)
     if not form.is_valid():
         return _render_new(request, form)
-    wants_submit = request.POST.get("action") == "submit"
+    wants_submit = form.cleaned_data["action"] == "submit"
     try:
         obj, created = backfill_request_create(actor=request.user, **form.service_kwargs())
     except ValidationError as exc:
@@ -299,8 +300,10 @@ def request_new(request):
         return _render_new(request, form)
 
     detail = reverse("request-detail", args=[obj.pk])
+    # The whole frozen plan, the cascaded jobs' intervals included (interval_count is the root job's).
+    planned = obj.intervals.count()
     if not wants_submit:
-        messages.success(request, f"Draft #{obj.pk} saved with {obj.interval_count} intervals."
+        messages.success(request, f"Draft #{obj.pk} saved with {planned} interval{pluralize(planned)}."
                          if created else f"Draft #{obj.pk} was already saved.")
         return redirect_after_post(request, detail)
     if not created and obj.status != RequestStatus.DRAFT:
@@ -322,7 +325,7 @@ def request_new(request):
     except ApplicationError as exc:
         flash_error(request, exc)
         return redirect_after_post(request, detail)
-    messages.success(request, f"Request #{obj.pk} submitted for approval ({obj.interval_count} intervals).")
+    messages.success(request, f"Request #{obj.pk} submitted for approval ({planned} interval{pluralize(planned)}).")
     return redirect_after_post(request, detail)
 
 

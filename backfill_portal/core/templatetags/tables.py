@@ -20,6 +20,8 @@ from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
+from backfill_portal.core.templatetags.words import state_label
+
 register = template.Library()
 
 _PLACEHOLDER = 987654321  # matches the int and slug converters
@@ -50,6 +52,7 @@ def request_rows(rows: Iterable) -> SafeString:
         if r.last_partition != r.first_partition:
             span += f" → {escape(r.last_partition)}"
         status = escape(r.status)
+        status_words = escape(state_label(r.status))
         paused = ' <span class="pill pill-paused">paused</span>' if r.paused else ""
         job = escape(r.job.name)
         out.append(
@@ -57,7 +60,7 @@ def request_rows(rows: Iterable) -> SafeString:
             f'  <td><a href="{escape(job_page(r.job.name))}">{job}</a></td>\n'
             f'  <td class="mono range">{span}</td>\n'
             f'  <td class="num">{int(r.interval_count)}</td>\n'
-            f'  <td><span class="pill pill-{status}">{status}</span>{paused}</td>\n'
+            f'  <td><span class="pill pill-{status}">{status_words}</span>{paused}</td>\n'
             f'  <td>{escape(r.requested_by.username)}</td>\n'
             f'  <td>{_time(r.requested_at, "%Y-%m-%d %H:%M", title=True)}</td>\n</tr>\n')
     return mark_safe("".join(out))

@@ -72,6 +72,10 @@ class Command(PortalCommand):
                             help="give new demo users their well-known passwords even when DEBUG is off "
                                  "(also DEMO_PASSWORDS=1); with DEBUG on they always get them")
 
+    def _progress(self, line: str) -> None:
+        self.stdout.write(line)
+        self.stdout.flush()
+
     def handle(self, *args, orders_per_day, first, last, no_data, demo_passwords, **options):
         from datetime import date
 
@@ -102,5 +106,5 @@ class Command(PortalCommand):
             raise CommandError(f"--first/--last: {exc}") from None
         if orders_per_day:
             kwargs["orders_per_day"] = orders_per_day
-        counts = load_demo_sources(warehouse.db, **kwargs)
+        counts = load_demo_sources(warehouse.db, progress=self._progress, **kwargs)
         self.stdout.write("source data: " + ", ".join(f"{k} +{v}" for k, v in counts.items()))

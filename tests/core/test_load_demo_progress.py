@@ -1,0 +1,28 @@
+"""`load_demo` (most of a minute in `make run`) says what it is doing while it loads."""
+from __future__ import annotations
+
+from io import StringIO
+
+from django.core.management import call_command
+
+
+def load(*args) -> list[str]:
+    out = StringIO()
+    call_command("load_demo", "--first", "2022-09-29", "--last", "2022-10-02", "--orders-per-day", "20", *args,
+                 stdout=out)
+    return out.getvalue().splitlines()
+
+
+def test_loading_prints_a_line_first_and_one_per_month_then_the_totals(db, warehouse):
+    lines = [line for line in load() if line.startswith("source data:")]
+    assert lines[0] == "source data: generating 8 table-days from 2022-09-29 to 2022-10-02 ..."
+    assert lines[1].startswith("source data: 2022-09 loaded (") and lines[1].endswith(" rows so far)")
+    assert lines[2].startswith("source data: 2022-10 loaded (")
+    assert lines[3].startswith("source data: ods_order_events +")
+    assert len(lines) == 4
+
+
+def test_a_second_load_has_nothing_to_generate_and_says_only_the_totals(db, warehouse):
+    load()
+    lines = [line for line in load() if line.startswith("source data:")]
+    assert len(lines) == 1 and "+0" in lines[0]
