@@ -36,6 +36,8 @@ class Run(models.Model):
     output_columns = models.JSONField(default=list, blank=True)
     # When its next task was last sent: the sweeper re-sends work a broker lost.
     enqueued_at = models.DateTimeField(null=True, blank=True)
+    # After a failed attempt, the next one may not start before this (the backoff).
+    retry_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -65,6 +67,9 @@ class Attempt(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="")
     error = models.TextField(blank=True, default="")
+    # Failed because the warehouse refused connections (a fresh probe confirmed it):
+    # the platform's fault, so not counted against the job's max_attempts.
+    outage = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["run_id", "attempt_no"]
@@ -115,6 +120,8 @@ class TaskOutbox(models.Model):
     args = models.JSONField(default=list)
     headers = models.JSONField(default=dict)
     queue = models.CharField(max_length=32, default="backfill")
+    # Not to be delivered before this (a retry's backoff); the broker holds it until then.
+    eta = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     sent_at = models.DateTimeField(null=True, blank=True)
 
