@@ -42,6 +42,19 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
 
 
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if value < 0 or value != value:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be zero or more")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:
@@ -388,6 +401,7 @@ CELERY_TASK_ROUTES = {
     "execution.sweep": {"queue": "production"},
     "execution.schedule_production": {"queue": "production"},
     "core.anchor_audit": {"queue": "production"},
+    "execution.probe_warehouse": {"queue": "production"},
 }
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "execution.sweep", "schedule": env_int("SWEEP_SECONDS", 15)},
@@ -395,7 +409,19 @@ CELERY_BEAT_SCHEDULE = {
     "expire-handoffs": {"task": "backfills.expire_handoffs", "schedule": 300.0},
     "purge-versions": {"task": "execution.purge_versions", "schedule": env_int("RETENTION_SWEEP_SECONDS", 3600)},
     "anchor-audit": {"task": "core.anchor_audit", "schedule": env_int("AUDIT_ANCHOR_SECONDS", 300)},
+    "probe-warehouse": {"task": "execution.probe_warehouse", "schedule": env_float("WAREHOUSE_PROBE_SECONDS", 5.0)},
 }
+
+# --- Retries and outages
+# An attempt that fails waits RETRY_BACKOFF_SECONDS * 2^(n-1) (n: the failed attempt's
+# number), capped at RETRY_BACKOFF_MAX_SECONDS, and then a random half to all of that
+# (jitter, so runs that failed together do not retry together) before the next one.
+RETRY_BACKOFF_SECONDS = env_float("RETRY_BACKOFF_SECONDS", 5.0)
+RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 300.0)
+# While the warehouse refuses connections no attempt starts and no run is dispatched;
+# the probe-warehouse task above tries a fresh connection every WAREHOUSE_PROBE_SECONDS
+# and resumes the work once one succeeds. A connection attempt gives up after this long.
+WAREHOUSE_CONNECT_TIMEOUT = env_int("WAREHOUSE_CONNECT_TIMEOUT", 10)
 
 # --- Product limits
 # Versions older than this are purged (never the current or previous verified one of a

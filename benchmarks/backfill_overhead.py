@@ -110,7 +110,7 @@ sent: deque = deque()
 to_broker = outbox._publish
 
 
-def to_this_process(task, args, headers, queue) -> None:
+def to_this_process(task, args, headers, queue, eta=None) -> None:
     """Stands in for the broker in the in-process comparison: portal() runs what lands here."""
     sent.append((task, args, headers))
 

@@ -273,6 +273,13 @@ def _fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def _no_retry_backoff(settings):
+    # The in-process task queue runs a retry as soon as it is sent, without the broker
+    # holding it to its backoff; the backoff's own tests set it.
+    settings.RETRY_BACKOFF_SECONDS = 0
+
+
 def make_user(username: str, roles) -> User:
     user = User.objects.create_user(username=username, password="pw-" + username, email=f"{username}@example.com")
     for role in roles:
@@ -400,9 +407,12 @@ class TaskQueue:
 
         self.sent = deque()
         self.ran: list[tuple[str, list, object]] = []
+        # Every send's (task, args, eta): the delivery time a real broker would hold it to.
+        self.etas: list[tuple[str, list, object]] = []
 
-    def publish(self, task, args, headers, queue):
+    def publish(self, task, args, headers, queue, eta=None):
         self.sent.append((task, list(args), dict(headers), queue))
+        self.etas.append((task, list(args), eta))
 
     def drain(self, *, limit: int = 5000, skip=lambda task, args: False) -> list:
         """Run queued tasks in order (and what they enqueue) until none is left.

@@ -42,6 +42,8 @@ class Run(models.Model):
     # NULL beat while the run waits for its second rerun (that run has its own).
     verify_token = models.PositiveIntegerField(default=0)
     verify_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # After a failed attempt, the next one may not start before this (the backoff).
+    retry_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -71,6 +73,9 @@ class Attempt(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="")
     error = models.TextField(blank=True, default="")
+    # Failed because the warehouse refused connections (a fresh probe confirmed it):
+    # the platform's fault, so not counted against the job's max_attempts.
+    outage = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["run_id", "attempt_no"]
@@ -121,6 +126,8 @@ class TaskOutbox(models.Model):
     args = models.JSONField(default=list)
     headers = models.JSONField(default=dict)
     queue = models.CharField(max_length=32, default="backfill")
+    # Not to be delivered before this (a retry's backoff); the broker holds it until then.
+    eta = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     sent_at = models.DateTimeField(null=True, blank=True)
 

@@ -21,16 +21,17 @@ PRODUCTION_QUEUE = "production"
 BACKFILL_QUEUE = "backfill"
 
 
-def enqueue(task: str, *args, headers: dict | None = None, queue: str = BACKFILL_QUEUE) -> TaskOutbox:
-    row = insert_row(TaskOutbox(task=task, args=list(args), headers=headers or {}, queue=queue))
+def enqueue(task: str, *args, headers: dict | None = None, queue: str = BACKFILL_QUEUE, eta=None) -> TaskOutbox:
+    """`eta`: an aware datetime before which the task is not delivered (a backoff)."""
+    row = insert_row(TaskOutbox(task=task, args=list(args), headers=headers or {}, queue=queue, eta=eta))
     transaction.on_commit(lambda: send(row))
     return row
 
 
-def _publish(task: str, args: list, headers: dict, queue: str) -> None:
+def _publish(task: str, args: list, headers: dict, queue: str, eta=None) -> None:
     from backfill_portal.celery import app
 
-    app.send_task(task, args=args, headers=headers, queue=queue)
+    app.send_task(task, args=args, headers=headers, queue=queue, eta=eta)
 
 
 def send(row: TaskOutbox) -> bool:
@@ -38,7 +39,7 @@ def send(row: TaskOutbox) -> bool:
     the sweeper sent it meanwhile (it waits 30 s), the task goes twice, which tasks
     tolerate by design."""
     try:
-        _publish(row.task, row.args, row.headers, row.queue)
+        _publish(row.task, row.args, row.headers, row.queue, row.eta)
     except Exception:  # broker down: the sweeper tries again
         logger.exception("could not send %s %s; the sweeper will retry", row.task, row.args)
         return False

@@ -4,7 +4,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from backfill_portal.execution.queue import outbox_resend
-from backfill_portal.execution.services.dispatch import dispatch_all, runs_resend_stale
+from backfill_portal.execution.services.dispatch import dispatch_all, runs_resend_stale, warehouse_probe_and_resume
 from backfill_portal.execution.services.dispatch import dispatch_request as dispatch_request_service
 from backfill_portal.execution.services.runs import attempts_sweep_lost, run_execute
 from backfill_portal.execution.services.schedule import schedule_production as schedule_production_service
@@ -29,9 +29,15 @@ def verify_run(run_id: str) -> str:
 @shared_task(name="execution.sweep")
 def sweep() -> dict:
     """Lost attempts, lost verifications, unsent outbox rows, runs whose message a
-    broker lost, running requests with free slots."""
+    broker lost, a warehouse back from an outage, running requests with free slots."""
     return {"lost": attempts_sweep_lost(), "verifying": runs_reclaim_verifying(), "resent": outbox_resend(),
-            "stale_runs": runs_resend_stale(), "dispatched": dispatch_all()}
+            "stale_runs": runs_resend_stale(), "resumed": warehouse_probe_and_resume(), "dispatched": dispatch_all()}
+
+
+@shared_task(name="execution.probe_warehouse")
+def probe_warehouse() -> int:
+    """While the warehouse refuses connections, try it; resume the held work once it answers."""
+    return warehouse_probe_and_resume()
 
 
 @shared_task(name="execution.schedule_production")

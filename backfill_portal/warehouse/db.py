@@ -66,8 +66,11 @@ class WarehouseDB:
                 conn.execute("PRAGMA busy_timeout=30000")
                 return conn
             import psycopg
+            from django.conf import settings
 
-            conn = psycopg.connect(self.target, autocommit=True)
+            # A bounded wait: an unreachable host must not hold a worker for the
+            # operating system's TCP timeout (minutes).
+            conn = psycopg.connect(self.target, autocommit=True, connect_timeout=settings.WAREHOUSE_CONNECT_TIMEOUT)
             timeouts = [f"SET {name} = '{int(seconds)}s'" for name, seconds in (
                 ("lock_timeout", self.lock_timeout_seconds),
                 ("idle_in_transaction_session_timeout", self.idle_in_transaction_timeout_seconds)) if seconds]
@@ -77,9 +80,24 @@ class WarehouseDB:
         except Exception as exc:
             raise WarehouseUnavailable(f"cannot connect to the warehouse: {exc}") from exc
 
+    def probe(self) -> None:
+        """Open a fresh connection and run `SELECT 1` on it; raise WarehouseUnavailable
+        if the warehouse refuses. The thread's own connection is neither used nor
+        touched: it may be the very one that just broke, or be in a transaction."""
+        conn = self._connect()
+        try:
+            conn.execute("SELECT 1").fetchall()
+        except Exception as exc:
+            raise WarehouseUnavailable(f"the warehouse does not answer: {exc}") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+
     @property
     def conn(self):
         conn = getattr(self._local, "conn", None)
+        if conn is not None and self.dialect == "postgresql" and conn.closed and not getattr(self._local, "depth", 0):
+            conn = None  # broken (the server went away): a new one, not the same error again
         if conn is None:
             conn = self._connect()
             self._local.conn = conn
@@ -211,8 +229,13 @@ class WarehouseDB:
                 else:
                     conn.execute("COMMIT")
             else:
-                with conn.transaction():
-                    yield self
+                import psycopg
+
+                try:
+                    with conn.transaction():
+                        yield self
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                    self._reraise(exc)  # e.g. the connection lost at COMMIT
         finally:
             self._local.depth = 0
 

@@ -96,3 +96,31 @@ class Contamination(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dataset.name}/{self.partition_key} built from rolled-back {self.rolled_back_id} (depth {self.depth})"
+
+
+class WarehouseOutage(models.Model):
+    """A time the warehouse refused connections (a fresh probe confirmed it). While one
+    is open no attempt starts and nothing is dispatched; the periodic probe closes it
+    once a connection succeeds, and the work waiting for it is sent again."""
+
+    class Status(models.TextChoices):
+        OPEN = "open"
+        CLOSED = "closed"
+
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.OPEN)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    last_probe_at = models.DateTimeField(null=True, blank=True)
+    probes = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            # One open outage at a time: two workers that find the warehouse down together
+            # record one outage, not two.
+            models.UniqueConstraint(fields=["status"], condition=models.Q(status="open"), name="one_open_warehouse_outage"),
+        ]
+
+    def __str__(self) -> str:
+        return f"warehouse outage since {self.started_at.isoformat()} ({self.status})"

@@ -16,7 +16,7 @@ def broker(monkeypatch):
     sent: list[tuple] = []
     state = {"down": False}
 
-    def publish(task, args, headers, queue_name):
+    def publish(task, args, headers, queue_name, eta=None):
         if state["down"]:
             raise ConnectionError("broker unreachable")
         sent.append((task, args, headers, queue_name))

@@ -479,21 +479,6 @@ def test_pause_resume_and_retry_through_the_api_with_clear_refusals(personas, re
     assert done.status_code == 409  # nothing failed
 
 
-def test_warehouse_refusing_the_connection_fails_the_attempt_with_the_error_stored(personas, ready, settings):
-    request = approved_request(personas, start="2022-10-01", end="2022-10-01")
-    from backfill_portal.warehouse.registry import reset_warehouse_cache
-
-    settings.WAREHOUSE_URL = "postgresql://nobody@127.0.0.1:1/nowhere?connect_timeout=2"
-    reset_warehouse_cache()
-    ready.drain()
-    run = Run.objects.get(request=request)
-    assert run.status == RunStatus.FAILED
-    assert all("cannot connect to the warehouse" in a.error for a in run.attempts.all())
-    assert run.attempts.count() == run.job.max_attempts
-    request.refresh_from_db()
-    assert request.status == RequestStatus.FAILED
-
-
 def test_scheduler_creates_one_production_run_per_scheduled_job_and_closed_interval(personas, ready, warehouse):
     from datetime import datetime, timezone as tz
 

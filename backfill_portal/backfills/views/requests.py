@@ -56,6 +56,7 @@ from backfill_portal.core.web import (
 )
 from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
+from backfill_portal.warehouse.services.outage import warehouse_outage_current
 from backfill_portal.warehouse.services.rollback import (
     ROLLBACKABLE_REQUEST_STATES,
     request_rollback,
@@ -168,9 +169,10 @@ def _status_counts(rows: list[tuple[str, dict[str, int]]]) -> dict[str, int]:
     return counts
 
 
-def _fingerprint(req: BackfillRequest, progress: dict) -> str:
+def _fingerprint(req: BackfillRequest, progress: dict, outage) -> str:
     counts = progress["counts"]
-    return ".".join([req.status, "p" if req.paused else "a", *(str(counts.get(s) or 0) for s in INTERVAL_STATES)])
+    return ".".join([req.status, "p" if req.paused else "a", f"o{outage.pk}" if outage else "",
+                     *(str(counts.get(s) or 0) for s in INTERVAL_STATES)])
 
 
 def _live_context(req: BackfillRequest, *, page_status: str, with_grid: bool = True) -> dict:
@@ -183,10 +185,12 @@ def _live_context(req: BackfillRequest, *, page_status: str, with_grid: bool = T
     else:
         progress = _progress(req)
         grid = _grid(req, progress["total"]) if with_grid else None
+    # A running request's work is held while the warehouse refuses connections.
+    outage = warehouse_outage_current() if req.status == RequestStatus.RUNNING else None
     return {
-        "req": req, "progress": progress, "grid": grid,
+        "req": req, "progress": progress, "grid": grid, "outage": outage,
         "polling": req.status not in LIVE_FINAL, "page_status": page_status,
-        "status_changed": page_status != req.status, "fingerprint": _fingerprint(req, progress),
+        "status_changed": page_status != req.status, "fingerprint": _fingerprint(req, progress, outage),
     }
 
 

@@ -25,6 +25,7 @@ from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.queue import BACKFILL_QUEUE, PRODUCTION_QUEUE, broker_queue_depth, enqueue
 from backfill_portal.execution.transitions import RUN_ACTIVE, attempt_transition, run_transition
+from backfill_portal.warehouse.services.outage import warehouse_outage_current, warehouse_outage_probe
 
 logger = logging.getLogger(__name__)
 _DISPATCH_LOCK_KEY = 7_351_002
@@ -38,20 +39,22 @@ def run_queue(run: Run) -> str:
     return PRODUCTION_QUEUE if run.run_type == RunType.SCHEDULED else BACKFILL_QUEUE
 
 
-def enqueue_execute(run: Run, *, stamped: bool = False) -> None:
+def enqueue_execute(run: Run, *, stamped: bool = False, at=None) -> None:
     """Queue the run's next attempt. `enqueued_at` (what the stale-run sweeper reads)
-    is set here unless the caller's own write already set it (`stamped`)."""
-    _enqueue_run_task("execution.execute_run", run, stamped)
+    is set here unless the caller's own write already set it (`stamped`). `at`: not
+    before this time (a retry's backoff); the broker holds the message until then, and
+    `enqueued_at` is that time, so the stale-run sweeper counts from when it is due."""
+    _enqueue_run_task("execution.execute_run", run, stamped, at)
 
 
 def enqueue_verify(run: Run, *, stamped: bool = False) -> None:
     _enqueue_run_task("execution.verify_run", run, stamped)
 
 
-def _enqueue_run_task(task: str, run: Run, stamped: bool) -> None:
+def _enqueue_run_task(task: str, run: Run, stamped: bool, at=None) -> None:
     if not stamped:
-        Run.objects.filter(pk=run.pk).update(enqueued_at=timezone.now())
-    enqueue(task, run.run_id, headers=run_headers(run), queue=run_queue(run))
+        Run.objects.filter(pk=run.pk).update(enqueued_at=at or timezone.now())
+    enqueue(task, run.run_id, headers=run_headers(run), queue=run_queue(run), eta=at)
 
 
 RUN_WAITING = (RunStatus.QUEUED, RunStatus.STAGED, RunStatus.VERIFIED)
@@ -218,6 +221,8 @@ def dispatch_request(*, request_id: int) -> int:
         request = request_get_for_update(request_id)
         if request.status != R.RUNNING or request.paused:
             return 0
+        if warehouse_outage_current() is not None:
+            return 0  # nothing starts while the warehouse refuses; its probe dispatches again
         jobs = _request_jobs(request)
         authorised = (set(request.side_effects.values_list("pk", flat=True))
                       if any(j.kind == JobKind.SIDE_EFFECT for j in jobs.values()) else set())
@@ -359,7 +364,7 @@ def request_retry_failed(*, actor, request_id) -> BackfillRequest:
             interval.request = request
             run = Run.objects.filter(interval=interval).order_by("-id").first()
             if run is not None and run.status == RunStatus.FAILED:
-                run_transition(run, to=RunStatus.QUEUED, actor=actor, reason="retry failed")
+                run_transition(run, to=RunStatus.QUEUED, actor=actor, reason="retry failed", updates={"retry_at": None})
                 interval_transition(interval, to=I.QUEUED, actor=actor, reason="retry failed")
                 enqueue_execute(run)
             else:
@@ -383,6 +388,30 @@ def request_stop_runs(*, request_id: int) -> None:
                                    updates={"finished_at": timezone.now(), "error": "cancelled"})
         for frm in (I.QUEUED, I.RUNNING, I.FAILED):
             intervals_bulk_transition(request, frm=frm, to=I.CANCELLED, reason="request cancelled")
+
+
+def warehouse_probe_and_resume() -> int:
+    """With a warehouse outage open, probe; once a connection succeeds, send again what
+    waited for it: queued runs (at their backoff, if one is still running), staged and
+    verified runs, and the dispatch of every running request. Duplicates are harmless
+    (tasks claim first). Returns how many messages were sent (0: nothing to resume)."""
+    if warehouse_outage_probe() is None:
+        return 0
+    sent = 0
+    waiting = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.STAGED, RunStatus.VERIFIED]).select_related("job")
+    now = timezone.now()
+    for run in waiting:
+        with transaction.atomic():
+            if run.status == RunStatus.QUEUED:
+                enqueue_execute(run, at=run.retry_at if run.retry_at and run.retry_at > now else None)
+            else:
+                enqueue_verify(run)
+        sent += 1
+    for pk in BackfillRequest.objects.filter(status=R.RUNNING, paused=False).values_list("pk", flat=True):
+        with transaction.atomic():
+            enqueue("execution.dispatch_request", pk, headers={"request_id": pk})
+        sent += 1
+    return sent
 
 
 def dispatch_all() -> int:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -28,6 +30,7 @@ from backfill_portal.execution.transitions import attempt_transition, run_transi
 from backfill_portal.warehouse.adapter import AlreadyCommitted
 from backfill_portal.warehouse.models import Version
 from backfill_portal.warehouse.registry import get_warehouse
+from backfill_portal.warehouse.services.outage import warehouse_outage_confirm, warehouse_outage_current
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +130,14 @@ def run_execute(*, run_id: str, worker: str = "") -> str:
         return f"skipped-{run.status}"
     if run.request_id and run.request.status not in (R.RUNNING,):
         return f"request-{run.request.status}"
+    if run.retry_at and run.retry_at > timezone.now():
+        # Delivered before its backoff ended (a re-send, a duplicate): not yet. The broker
+        # holds the message it sends now until then.
+        with transaction.atomic():
+            enqueue_execute(run, at=run.retry_at)
+        return "backing-off"
+    if warehouse_outage_current() is not None:
+        return "warehouse-unreachable"  # held; the probe that finds it back sends it again
     attempt = _start_attempt(run, f"{worker or socket.gethostname()}:{os.getpid()}")
     if attempt is None:
         return "claimed-elsewhere"
@@ -149,7 +160,11 @@ def run_execute(*, run_id: str, worker: str = "") -> str:
             marker = exc.marker
         except Exception as exc:  # the attempt fails; the policy decides what next
             logger.warning("attempt failed: %s", exc)
-            return attempt_fail(attempt=attempt, run=run, error=f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            # Whether the warehouse itself refuses connections, asked of a fresh one: the
+            # error's type cannot tell a dead server from a statement that failed.
+            outage = warehouse_outage_confirm(error=error)
+            return attempt_fail(attempt=attempt, run=run, error=error, outage=outage is not None)
         return _attempt_succeed(attempt=attempt, run=run, marker=marker)
 
 
@@ -172,21 +187,45 @@ def _attempt_succeed(*, attempt: Attempt, run: Run, marker) -> str:
     return "staged"
 
 
-def attempt_fail(*, attempt: Attempt, run: Run, error: str, to: str = A.FAILED) -> str:
-    """End an attempt and apply the retry policy: a new attempt until max_attempts,
-    then the run (and its interval) fail and the queue moves on."""
+def retry_delay(failures: int) -> float:
+    """Seconds to wait after the run's `failures`-th failed attempt: RETRY_BACKOFF_SECONDS
+    doubled for each failure before it, capped at RETRY_BACKOFF_MAX_SECONDS, then a
+    random half to all of it (runs that failed together do not retry together)."""
+    ceiling = min(settings.RETRY_BACKOFF_MAX_SECONDS,
+                  settings.RETRY_BACKOFF_SECONDS * 2 ** min(max(failures, 1) - 1, 32))
+    return ceiling * random.uniform(0.5, 1.0)
+
+
+def attempt_fail(*, attempt: Attempt, run: Run, error: str, to: str = A.FAILED, outage: bool = False) -> str:
+    """End an attempt and apply the retry policy: a new attempt after a backoff until
+    max_attempts, then the run (and its interval) fail and the queue moves on.
+
+    `outage`: the warehouse refused connections (a fresh probe confirmed it). That is
+    not the run's fault: the attempt does not count, and the run waits, queued, for the
+    probe that finds the warehouse back (its message now is answered with
+    "warehouse-unreachable" while the outage lasts)."""
     try:
         with transaction.atomic():
             attempt.run = run
             attempt_transition(attempt, to=to, reason=error[:500],
-                               updates={"finished_at": timezone.now(), "error": error[:4000]})
+                               updates={"finished_at": timezone.now(), "error": error[:4000], "outage": outage})
             run.refresh_from_db(fields=["status"])
             if run.status != S.RUNNING:
                 return "fenced"
-            if attempt.attempt_no < run.job.max_attempts:
-                run_transition(run, to=S.QUEUED, reason=f"attempt {attempt.attempt_no} {to}; retrying",
-                               updates={"error": error[:4000]})
+            if outage:
+                run_transition(run, to=S.QUEUED, updates={"error": error[:4000]},
+                               reason=f"attempt {attempt.attempt_no} {to}: the warehouse refuses connections; "
+                                      "waiting for it (not counted as an attempt)")
                 enqueue_execute(run)
+                return "waiting-for-warehouse"
+            failures = attempt.attempt_no - run.attempts.filter(outage=True).count()
+            if failures < run.job.max_attempts:
+                delay = retry_delay(failures)
+                at = timezone.now() + timedelta(seconds=delay) if delay > 0 else None
+                run_transition(run, to=S.QUEUED, reason=f"attempt {attempt.attempt_no} {to}; retrying in {delay:.1f} s",
+                               updates={"error": error[:4000], "retry_at": at, "enqueued_at": at or timezone.now()},
+                               data={"retry_at": at.isoformat() if at else None})
+                enqueue_execute(run, stamped=True, at=at)
                 return "retrying"
             run_transition(run, to=S.FAILED, reason=f"failed after {attempt.attempt_no} attempt(s)",
                            updates={"error": error[:4000], "finished_at": timezone.now()})

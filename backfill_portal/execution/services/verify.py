@@ -32,6 +32,7 @@ from backfill_portal.execution.transitions import run_transition
 from backfill_portal.warehouse.adapter import PublishConflict
 from backfill_portal.warehouse.models import Consumption, Publication, Version
 from backfill_portal.warehouse.registry import get_warehouse, spec_for
+from backfill_portal.warehouse.services.outage import warehouse_outage_confirm
 
 logger = logging.getLogger(__name__)
 BASELINE_WINDOW = 7
@@ -192,6 +193,8 @@ def run_verify(*, run_id: str) -> str:
                                updates={"verify_heartbeat_at": None})
             except ConflictError:
                 return "fenced"
+            if warehouse_outage_confirm(error=f"{type(exc).__name__}: {exc}") is not None:
+                return "warehouse-unreachable"  # the probe that finds it back sends it again
             raise
         blocking_failures = [c for c in checks if c.blocking and not c.passed]
         try:
