@@ -7,6 +7,7 @@ from backfill_portal.catalog.api.views import DatasetViewSet, JobViewSet, lineag
 from backfill_portal.core.api_views import AuditEventViewSet, TokenObtainView, TokenRevokeView
 from backfill_portal.execution.api.views import RunViewSet
 from backfill_portal.warehouse.api import partition_detail, partition_rollback_rebuild_view, partition_rollback_view
+import backfill_portal.core.converters  # noqa: F401  (registers <dataset:…> and <partition:…>)
 
 router = DefaultRouter()
 router.register("datasets", DatasetViewSet, basename="dataset")
@@ -20,9 +21,9 @@ router.register("handoffs", HandoffViewSet, basename="handoff")
 urlpatterns = [
     path("auth/token/", TokenObtainView.as_view(), name="auth-token"),
     path("auth/token/revoke/", TokenRevokeView.as_view(), name="auth-token-revoke"),
-    path("datasets/<slug:name>/partitions/<str:key>/", partition_detail, name="partition-detail"),
-    path("datasets/<slug:name>/partitions/<str:key>/rollback/", partition_rollback_view, name="partition-rollback"),
-    path("datasets/<slug:name>/partitions/<str:key>/rollback/rebuild/", partition_rollback_rebuild_view,
+    path("datasets/<dataset:name>/partitions/<partition:key>/", partition_detail, name="partition-detail"),
+    path("datasets/<dataset:name>/partitions/<partition:key>/rollback/", partition_rollback_view, name="partition-rollback"),
+    path("datasets/<dataset:name>/partitions/<partition:key>/rollback/rebuild/", partition_rollback_rebuild_view,
          name="partition-rollback-rebuild"),
     path("lineage/", lineage, name="lineage"),
     *router.urls,

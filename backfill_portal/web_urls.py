@@ -7,6 +7,7 @@ from backfill_portal.catalog import views as catalog
 from backfill_portal.core import views as core
 from backfill_portal.execution import views as execution
 from backfill_portal.warehouse import views as warehouse
+import backfill_portal.core.converters  # noqa: F401  (registers <dataset:…> and <partition:…>)
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
@@ -42,11 +43,11 @@ urlpatterns = [
     path("catalog/jobs/<slug:name>/", catalog.job_detail, name="catalog-job"),
     path("lineage/", catalog.lineage, name="lineage"),
     path("datasets/<slug:name>/", warehouse.dataset_detail, name="dataset"),
-    path("datasets/<slug:name>/partitions/<str:key>/", warehouse.partition_detail, name="partition"),
+    path("datasets/<dataset:name>/partitions/<partition:key>/", warehouse.partition_detail, name="partition"),
     # Not "partition-rollback"/"partition-rollback-rebuild": the API's names (warehouse/api.py reverses one).
-    path("datasets/<slug:name>/partitions/<str:key>/rollback/", warehouse.partition_rollback_confirm,
+    path("datasets/<dataset:name>/partitions/<partition:key>/rollback/", warehouse.partition_rollback_confirm,
          name="partition-rollback-confirm"),
-    path("datasets/<slug:name>/partitions/<str:key>/rebuild-consumers/", warehouse.partition_rebuild_consumers,
+    path("datasets/<dataset:name>/partitions/<partition:key>/rebuild-consumers/", warehouse.partition_rebuild_consumers,
          name="partition-rebuild-consumers"),
     path("audit/", core.audit, name="audit"),
 ]

@@ -246,3 +246,24 @@ def test_no_credentials_is_a_401_with_a_code(db):
         response = Client().post(path, data={}, content_type="application/json")
         assert response.status_code == 401, (path, response.content)
         assert response.json()["code"] == "not_authenticated"
+
+
+# -- 5. an over-long partition key or dataset name: the refusal's audit row overflowed ------
+
+@pytest.mark.parametrize("key", ["2022-10-04" * 7, "k" * 500])
+def test_an_over_long_partition_key_is_a_404_not_a_500(api, catalog, key):
+    before = AuditEvent.objects.count()
+    for method, suffix in [("get", ""), ("post", "rollback/"), ("post", "rollback/rebuild/")]:
+        response = getattr(api("alice"), method)(f"/api/datasets/dwd_order_items/partitions/{key}/{suffix}",
+                                                 {"reason": "x"}, format="json")
+        assert response.status_code == 404, (suffix, response.status_code, response.content[:200])
+    assert AuditEvent.objects.count() == before  # refused at the router: nothing to audit
+
+
+def test_a_refusal_naming_the_longest_dataset_name_and_key_is_audited_whole(api, catalog):
+    name, key = "d" * 128, "2022-10-04T05:00:00+08:00"
+    response = api("alice").post(f"/api/datasets/{name}/partitions/{key}/rollback/rebuild/", {}, format="json")
+    assert response.status_code in (403, 404), (response.status_code, response.content[:200])
+    refusal = AuditEvent.objects.filter(action__startswith="denied.").order_by("-id").first()
+    if response.status_code == 403:
+        assert refusal.object_id == f"{name}/{key}"

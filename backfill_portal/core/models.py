@@ -37,7 +37,7 @@ class AuditEvent(models.Model):
     actor_name = models.CharField(max_length=150)
     action = models.CharField(max_length=64)
     object_type = models.CharField(max_length=32)
-    object_id = models.CharField(max_length=64)
+    object_id = models.CharField(max_length=255)
     request_id = models.BigIntegerField(null=True, blank=True)
     dataset = models.CharField(max_length=128, blank=True, default="")
     from_state = models.CharField(max_length=32, blank=True, default="")
