@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test install migrate demo bench clean
+.PHONY: run test install migrate demo static bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ migrate: install
 
 demo: migrate
 	$(PY) manage.py load_demo
+
+# The production build step: static files into STATIC_ROOT (default var/staticfiles),
+# served by the web processes themselves with DEBUG=0 (docs/deploy.md).
+static: install
+	$(PY) manage.py collectstatic --noinput
 
 # Web server, one Celery worker and the periodic scheduler; Ctrl-C stops all three.
 run: demo

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from backfill_portal.execution.queue import outbox_resend
-from backfill_portal.execution.services.dispatch import dispatch_all, runs_resend_stale
 from backfill_portal.execution.services.dispatch import dispatch_request as dispatch_request_service
-from backfill_portal.execution.services.runs import attempts_sweep_lost, run_execute
+from backfill_portal.execution.services.runs import run_execute
 from backfill_portal.execution.services.schedule import schedule_production as schedule_production_service
+from backfill_portal.execution.services.sweep import sweep_run
 from backfill_portal.execution.services.verify import run_verify
 
 
@@ -28,9 +27,8 @@ def verify_run(run_id: str) -> str:
 
 @shared_task(name="execution.sweep")
 def sweep() -> dict:
-    """Lost attempts, unsent outbox rows, running requests with free slots."""
-    return {"lost": attempts_sweep_lost(), "resent": outbox_resend(), "stale_runs": runs_resend_stale(),
-            "dispatched": dispatch_all()}
+    """Lost attempts, unsent outbox rows, stale runs, running requests with free slots."""
+    return sweep_run(actor=None)
 
 
 @shared_task(name="execution.schedule_production")
