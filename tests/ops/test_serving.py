@@ -128,6 +128,7 @@ def server(tmp_dir, databases):
     env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "SECRET_KEY", "ALLOWED_HOSTS",
                                                              "DJANGO_ALLOW_ASYNC_UNSAFE", "DJANGO_SETTINGS_MODULE")}
     env.update(databases, DEBUG="0", SECRET_KEY=SECRET, ALLOWED_HOSTS="127.0.0.1", METRICS_TOKEN=METRICS_TOKEN,
+               AUDIT_KEY="serving:" + "a1" * 20,
                BACKFILL_VAR_DIR=str(tmp_path / "var"), STATIC_ROOT=str(tmp_path / "static"))
     run_manage(env, "migrate", "--noinput")
     run_manage(env, "load_demo", "--demo-passwords", "--first", "2022-09-28", "--last", "2022-10-05",
