@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test fuzz install migrate demo bench clean
+.PHONY: run test fuzz install migrate demo static bench clean
 
 $(STAMP): pyproject.toml
 	@echo "==> installing the Python dependencies into $(VENV) (pip; about 40 s on a fresh machine) ..."
@@ -24,6 +24,11 @@ migrate: install
 demo: migrate
 	@echo "==> loading the demo: users, catalog, source data (about a minute the first time; a line per month) ..."
 	$(PY) manage.py load_demo
+
+# The production build step: static files into STATIC_ROOT (default var/staticfiles),
+# served by the web processes themselves with DEBUG=0 (docs/deploy.md).
+static: install
+	$(PY) manage.py collectstatic --noinput
 
 # Web server, one Celery worker and the periodic scheduler; Ctrl-C stops all three.
 run: demo

@@ -153,6 +153,9 @@ MIDDLEWARE = [
     # token lookup (PostgreSQL cannot hold one in text; the driver would raise).
     "backfill_portal.core.middleware.RejectNulBytesMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files from STATIC_ROOT (after `collectstatic`) in any server, DEBUG or not:
+    # right after SecurityMiddleware, as its docs ask, so they skip the rest of the stack.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "backfill_portal.core.security.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -247,7 +250,17 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "staticfiles"
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "staticfiles")))
+if STATIC_ROOT == VAR_DIR / "staticfiles":
+    STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns about a missing one until collectstatic fills it
+# `collectstatic` writes each file and its gzip beside it; WhiteNoise serves them with
+# the right type and encoding. No manifest (hashed names): pages and tests render
+# without a collectstatic first, and the portal's few files change with each release.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_MAX_AGE = env_int("STATIC_MAX_AGE", 3600)
 
 # --- Production hardening: all on when DEBUG is off, so `check --deploy` is clean.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
@@ -261,6 +274,18 @@ SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Probes and scrapers speak plain HTTP to the process itself: no redirect to https.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+
+# --- Observability (backfill_portal/ops): /metrics is computed from the metadata
+# database at scrape time, so any web process on any host answers the same. With
+# METRICS_TOKEN set it needs `Authorization: Bearer <token>`; without, it answers only
+# direct loopback callers (no X-Forwarded-For: nothing relayed by a proxy).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# Seconds each readiness check (database, warehouse, broker) may take before it counts as down.
+HEALTH_CHECK_TIMEOUT = env_int("HEALTH_CHECK_TIMEOUT", 3)
+if HEALTH_CHECK_TIMEOUT < 1:
+    raise ImproperlyConfigured(f"HEALTH_CHECK_TIMEOUT={HEALTH_CHECK_TIMEOUT} must be at least 1")
 
 # --- Sign-in lockout (django-axes): this many failed sign-ins for one username lock it
 # for LOGIN_LOCKOUT_MINUTES, the right password included. Counted per username, not per
@@ -376,6 +401,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        # Kombu keeps its exchange table in ./control (the current directory) otherwise.
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
 CELERY_TASK_IGNORE_RESULT = True

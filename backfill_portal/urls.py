@@ -4,7 +4,13 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from backfill_portal.ops import views as ops
+
 urlpatterns = [
+    # Probes and scrapers: no session, no sign-in (see backfill_portal/ops/views.py).
+    path("healthz", ops.healthz, name="healthz"),
+    path("readyz", ops.readyz, name="readyz"),
+    path("metrics", ops.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     # Browsers ask for /favicon.ico on pages without a <link rel=icon> (the admin, raw files).
     path("favicon.ico", RedirectView.as_view(url=static("img/favicon.svg"), permanent=True)),

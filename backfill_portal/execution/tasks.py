@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from backfill_portal.execution.queue import outbox_resend
-from backfill_portal.execution.services.dispatch import dispatch_all, runs_resend_stale, warehouse_probe_and_resume
+from backfill_portal.execution.services.dispatch import warehouse_probe_and_resume
 from backfill_portal.execution.services.dispatch import dispatch_request as dispatch_request_service
-from backfill_portal.execution.services.runs import attempts_sweep_lost, run_execute
+from backfill_portal.execution.services.runs import run_execute
 from backfill_portal.execution.services.schedule import schedule_production as schedule_production_service
-from backfill_portal.execution.services.verify import run_verify, runs_reclaim_verifying
+from backfill_portal.execution.services.sweep import sweep_run
+from backfill_portal.execution.services.verify import run_verify
 
 
 @shared_task(name="execution.dispatch_request", acks_late=True)
@@ -28,10 +28,9 @@ def verify_run(run_id: str) -> str:
 
 @shared_task(name="execution.sweep")
 def sweep() -> dict:
-    """Lost attempts, lost verifications, unsent outbox rows, runs whose message a
-    broker lost, a warehouse back from an outage, running requests with free slots."""
-    return {"lost": attempts_sweep_lost(), "verifying": runs_reclaim_verifying(), "resent": outbox_resend(),
-            "stale_runs": runs_resend_stale(), "resumed": warehouse_probe_and_resume(), "dispatched": dispatch_all()}
+    """Lost attempts and verifications, unsent outbox rows, lost messages, a warehouse back
+    from an outage, running requests with free slots."""
+    return sweep_run(actor=None)
 
 
 @shared_task(name="execution.probe_warehouse")

@@ -1,0 +1,68 @@
+"""Readiness: can this process reach the metadata database, the warehouse and the
+broker? Each check gets HEALTH_CHECK_TIMEOUT seconds and reports one line on failure."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import connection
+
+
+def check_database() -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception:
+        # A broken connection must not be handed to the next request of this thread.
+        connection.close()
+        raise
+
+
+def check_warehouse() -> None:
+    from backfill_portal.warehouse.db import parse_url
+
+    dialect, target = parse_url(settings.WAREHOUSE_URL)
+    if dialect == "sqlite":
+        import sqlite3
+
+        # mode=rw: a missing file is an error here, not a new empty warehouse.
+        conn = sqlite3.connect(f"file:{target}?mode=rw", uri=True, timeout=settings.HEALTH_CHECK_TIMEOUT)
+    else:
+        import psycopg
+
+        # A connection of its own, with a connect timeout: the adapter's cached
+        # connection would wait for the operating system's TCP timeout on a dead link.
+        conn = psycopg.connect(target, connect_timeout=settings.HEALTH_CHECK_TIMEOUT, autocommit=True)
+    try:
+        conn.execute("SELECT 1")
+    finally:
+        conn.close()
+
+
+def check_broker() -> None:
+    from backfill_portal.celery import app
+
+    timeout = settings.HEALTH_CHECK_TIMEOUT
+    # The URL from settings, as the app was configured from them (and tests can point it elsewhere).
+    with app.connection_for_write(url=settings.CELERY_BROKER_URL, connect_timeout=timeout) as conn:
+        conn.ensure_connection(max_retries=1, timeout=timeout)
+
+
+CHECKS: dict[str, Callable[[], None]] = {
+    "database": check_database,
+    "warehouse": check_warehouse,
+    "broker": check_broker,
+}
+
+
+def readiness() -> dict[str, dict]:
+    """{name: {"ok": True} | {"ok": False, "error": "<one line>"}} for every check."""
+    results = {}
+    for name, check in CHECKS.items():
+        try:
+            check()
+            results[name] = {"ok": True}
+        except Exception as exc:
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            results[name] = {"ok": False, "error": f"{type(exc).__name__}: {message}"[:300]}
+    return results
