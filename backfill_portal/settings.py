@@ -146,6 +146,7 @@ INSTALLED_APPS = [
     "backfill_portal.backfills",
     "backfill_portal.execution",
     "backfill_portal.warehouse",
+    "backfill_portal.recovery",
 ]
 
 MIDDLEWARE = [

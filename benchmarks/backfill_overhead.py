@@ -40,7 +40,7 @@ from django.contrib.auth.models import User  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from backfill_portal.backfills.models import BackfillRequest, ReconciliationRow  # noqa: E402
-from backfill_portal.backfills.planning import plan_intervals  # noqa: E402
+from backfill_portal.catalog.calendar import plan_intervals  # noqa: E402
 from backfill_portal.backfills.services.requests import (  # noqa: E402
     backfill_request_create,
     backfill_request_decide,
@@ -51,6 +51,7 @@ from backfill_portal.celery import app  # noqa: E402
 from backfill_portal.execution import queue as outbox  # noqa: E402
 from backfill_portal.backfills import tasks as backfill_tasks  # noqa: E402, F401
 from backfill_portal.execution import tasks  # noqa: E402, F401
+from backfill_portal.recovery import tasks as recovery_tasks  # noqa: E402, F401
 from backfill_portal.execution.executors import source_sql  # noqa: E402
 from backfill_portal.warehouse.demo_data import load_demo_sources  # noqa: E402
 from backfill_portal.warehouse.registry import get_warehouse  # noqa: E402

@@ -18,7 +18,7 @@ label = scratch_django("lineage")
 from django.contrib.auth.models import User  # noqa: E402
 from django.db import transaction  # noqa: E402
 
-from backfill_portal.backfills.planning import plan_intervals  # noqa: E402
+from backfill_portal.catalog.calendar import plan_intervals  # noqa: E402
 from backfill_portal.catalog.lineage import LineageGraph  # noqa: E402
 from backfill_portal.catalog.models import Dataset, Job, Pool, Team  # noqa: E402
 

@@ -14,7 +14,7 @@ from django.contrib.auth.models import User  # noqa: E402
 from django.db import transaction  # noqa: E402
 
 from backfill_portal.backfills.models import BackfillRequest, Interval  # noqa: E402
-from backfill_portal.backfills.planning import plan_intervals  # noqa: E402
+from backfill_portal.catalog.calendar import plan_intervals  # noqa: E402
 from backfill_portal.backfills.services.requests import backfill_request_create  # noqa: E402
 from backfill_portal.catalog.models import Job  # noqa: E402
 

@@ -36,7 +36,7 @@ from django.db import transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from backfill_portal.backfills.models import BackfillRequest, Interval, ReconciliationRow  # noqa: E402
-from backfill_portal.backfills.services.reconciliation import reconciliation_compute  # noqa: E402
+from backfill_portal.recovery.reconciliation import reconciliation_compute  # noqa: E402
 from backfill_portal.backfills.services.requests import backfill_request_create  # noqa: E402
 from backfill_portal.catalog.models import Dataset, Job  # noqa: E402
 from backfill_portal.execution.models import CheckResult, Run  # noqa: E402

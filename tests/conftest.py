@@ -420,6 +420,7 @@ class TaskQueue:
         from backfill_portal.celery import app
         import backfill_portal.backfills.tasks  # noqa: F401  (registers the tasks)
         import backfill_portal.execution.tasks  # noqa: F401
+        import backfill_portal.recovery.tasks  # noqa: F401
 
         done, kept = [], []
         while self.sent and len(done) < limit:

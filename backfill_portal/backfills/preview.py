@@ -11,7 +11,7 @@ from django.conf import settings
 
 from backfill_portal.backfills.choices import Cascade
 from backfill_portal.backfills.models import BackfillRequest
-from backfill_portal.backfills.planning import PlannedInterval, plan_intervals
+from backfill_portal.catalog.calendar import PlannedInterval, plan_intervals
 from backfill_portal.backfills.services.requests import CascadeNode, NodeAction, PlannedStep, approval_plan, plan_cascade
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
 from backfill_portal.backfills.staleness import StaleLater, check_exclusions, stale_later

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from backfill_portal.backfills.planning import PlannedInterval
+from backfill_portal.catalog.calendar import PlannedInterval
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ValidationError
 from backfill_portal.warehouse.models import Publication

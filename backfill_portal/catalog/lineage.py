@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from backfill_portal.backfills.planning import partition_for, plan_intervals
+from backfill_portal.catalog.calendar import partition_for, plan_intervals
 from backfill_portal.catalog.models import Dataset, Job
 
 

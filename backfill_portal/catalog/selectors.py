@@ -18,7 +18,7 @@ LINEAGE_PARTITIONS_INLINE = 500
 
 def lineage_expand(*, root: str, start: str | None = None, end: str | None = None) -> dict:
     """The closure of `root` for the API and the preview; partitions when a range is given."""
-    from backfill_portal.backfills.planning import plan_intervals
+    from backfill_portal.catalog.calendar import plan_intervals
     from backfill_portal.catalog.lineage import LineageGraph
     from backfill_portal.core.errors import NotFound, ValidationError
 

@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
-from backfill_portal.backfills.planning import previous_partition
+from backfill_portal.catalog.calendar import previous_partition
 from backfill_portal.catalog.lineage import covered_partition_keys
 from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Dataset, Job

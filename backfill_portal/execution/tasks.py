@@ -43,11 +43,3 @@ def probe_warehouse() -> int:
 def schedule_production() -> list[str]:
     return schedule_production_service()
 
-
-@shared_task(name="execution.purge_versions")
-def purge_versions() -> dict:
-    """Retention: purge versions older than VERSION_RETENTION_DAYS (never the current,
-    the previous verified one, or anything a rollback or a running job needs)."""
-    from backfill_portal.warehouse.services.retention import versions_purge_expired
-
-    return versions_purge_expired(actor=None)

@@ -53,7 +53,7 @@ class ImpactEntrySerializer(serializers.Serializer):
 def partition_detail(request, name: str, key: str):
     """The current pointer of one partition, its version history, and its mark when
     it was built from a rolled-back input (`contamination`, null otherwise)."""
-    from backfill_portal.warehouse.services.rollback import partition_contamination
+    from backfill_portal.recovery.rollback import partition_contamination
 
     state = partition_state(dataset_name=name, partition_key=key)
     mark = None if state["dataset"].is_source else partition_contamination(dataset=state["dataset"],
@@ -84,7 +84,7 @@ def partition_rollback_view(request, name: str, key: str):
     contaminated closure: every published version built from the rolled-back one."""
     from rest_framework.reverse import reverse
 
-    from backfill_portal.warehouse.services.rollback import partition_rollback
+    from backfill_portal.recovery.rollback import partition_rollback
 
     body = _PartitionRollbackBody(data=request.data)
     body.is_valid(raise_exception=True)
@@ -99,7 +99,7 @@ def partition_rollback_view(request, name: str, key: str):
 def partition_rollback_rebuild_view(request, name: str, key: str):
     """File ONE request rebuilding the whole contaminated closure in layer order; asking
     again returns the same request."""
-    from backfill_portal.warehouse.services.rollback import partition_rollback_rebuild
+    from backfill_portal.recovery.rollback import partition_rollback_rebuild
 
     filed = partition_rollback_rebuild(actor=request.user, dataset=name, partition_key=key)
     return Response({"requests": [r.pk for r in filed]}, status=201)

@@ -1,7 +1,7 @@
 """Dataset and partition pages: what readers see now (the warehouse's current pointer),
 the history of pointer moves, and the rollback of one partition with its impact.
 
-The rollback itself is warehouse.services.rollback.partition_rollback (the same call
+The rollback itself is recovery.rollback.partition_rollback (the same call
 as the API's); these views only show what it would do and offer it to those it allows.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from backfill_portal.warehouse.forms import RollbackForm
 from backfill_portal.warehouse.models import Contamination, Publication
 from backfill_portal.warehouse.registry import get_warehouse
 from backfill_portal.warehouse.selectors import partition_state
-from backfill_portal.warehouse.services.rollback import (
+from backfill_portal.recovery.rollback import (
     consumers_of,
     impact_preview,
     partition_contamination,

@@ -9,14 +9,14 @@ import io
 import pytest
 
 from backfill_portal.backfills.models import ApprovalStep, ReconciliationRow
-from backfill_portal.backfills.services.reconciliation import (
+from backfill_portal.recovery.reconciliation import (
     interval_explain,
     reconciliation_compute,
     reconciliation_signoff,
 )
 from backfill_portal.backfills.services.requests import backfill_request_create, backfill_request_submit
 from backfill_portal.core.models import AuditEvent
-from backfill_portal.warehouse.services.rollback import partition_rollback
+from backfill_portal.recovery.rollback import partition_rollback
 from tests.browser.scenarios import doubled_incident
 
 # Without playwright the module is skipped with this reason (conftest skips without chromium).

@@ -9,7 +9,7 @@ import pytest
 
 from backfill_portal.backfills.models import BackfillRequest
 from backfill_portal.execution.models import Run
-from backfill_portal.warehouse.services.rollback import partition_rollback
+from backfill_portal.recovery.rollback import partition_rollback
 from tests.browser.scenarios import doubled_incident
 
 # Without playwright the module is skipped with this reason (conftest skips without chromium).

@@ -14,9 +14,9 @@ The expected cells are derived from the services (the one place that decides):
 - approve/reject  approval_step_decide: only the step's approver (the target owner for the owner step);
                   never the requester (separation of duties), and an admin only for admin steps
 - cancel          backfill_request_cancel: the requester who filed it, on-call, an admin
-- rollback        warehouse.services.rollback._require_operator: on-call, an admin, or the owner of
+- rollback        recovery.rollback._require_operator: on-call, an admin, or the owner of
                   every dataset involved (partition and request alike)
-- sign off        backfills.services.reconciliation._may_sign_off: the target owner (an admin only
+- sign off        recovery.reconciliation._may_sign_off: the target owner (an admin only
                   when the owner filed the request themselves)
 - read audit      core.api_views.AuditEventViewSet / core.views.audit: every authenticated user;
                   anonymous is refused (API) or sent to the login page (web)

@@ -32,7 +32,7 @@ from django.db.models import Max, Min
 
 from backfill_portal.backfills.choices import IntervalStatus, RequestStatus
 from backfill_portal.backfills.models import Interval
-from backfill_portal.backfills.services.reconciliation import request_manifest
+from backfill_portal.recovery.reconciliation import request_manifest
 from backfill_portal.catalog.services.sync import catalog_sync
 from backfill_portal.execution.choices import AttemptStatus, RunStatus
 from backfill_portal.execution.models import Attempt, Run

@@ -9,7 +9,7 @@ import pytest
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.models import Reconciliation, ReconciliationRow, Verdict
-from backfill_portal.backfills.services.reconciliation import (
+from backfill_portal.recovery.reconciliation import (
     reconciliation_compute,
     reconciliation_signoff,
 )
@@ -191,7 +191,7 @@ def test_reconciliation_csv_writes_a_formula_in_an_explanation_as_text(personas,
 
 
 def test_reconcile_task_runs_twice_safely_and_only_for_a_reconciling_request(personas, ready):
-    from backfill_portal.backfills.tasks import reconcile_request
+    from backfill_portal.recovery.tasks import reconcile_request
 
     request = run_request(personas, ready, start="2022-10-01", end="2022-10-01")
     assert reconcile_request.apply(args=[request.pk]).get() == "computed"

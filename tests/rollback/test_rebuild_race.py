@@ -12,7 +12,7 @@ from django.db import connection, connections, transaction
 from backfill_portal.backfills.models import BackfillRequest
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.warehouse.models import Contamination
-from backfill_portal.warehouse.services.rollback import partition_rollback, partition_rollback_rebuild
+from backfill_portal.recovery.rollback import partition_rollback, partition_rollback_rebuild
 from tests.reconciliation.helpers import DOUBLED_SQL, deploy, run_request
 
 pytestmark = [

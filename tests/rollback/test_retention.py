@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.models import Run
-from backfill_portal.execution.tasks import purge_versions
+from backfill_portal.recovery.tasks import purge_versions
 from backfill_portal.warehouse.models import Version
-from backfill_portal.warehouse.services.rollback import partition_rollback
+from backfill_portal.recovery.rollback import partition_rollback
 from tests.reconciliation.helpers import run_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,7 +42,7 @@ def test_retention_purges_old_versions_but_keeps_current_previous_verified_and_r
     assert purge_versions.apply().get()["purged"] == 0
     assert stored_rows(warehouse, v3) > 0 and stored_rows(warehouse, v2) > 0
     # ...and goes once the window has passed since the rollback; the current never does.
-    from backfill_portal.warehouse.services.retention import versions_purge_expired
+    from backfill_portal.recovery.retention import versions_purge_expired
 
     later = versions_purge_expired(now=timezone.now() + timedelta(days=31))
     assert later["purged"] == 1

@@ -11,7 +11,7 @@ from backfill_portal.execution.choices import RunStatus, RunType
 from backfill_portal.execution.models import Run
 from backfill_portal.execution.services.verify import run_verify
 from backfill_portal.warehouse.models import Consumption, Publication, Version
-from backfill_portal.warehouse.services import rollback as rollback_service
+from backfill_portal.recovery import rollback as rollback_service
 from tests.reconciliation.helpers import DOUBLED_SQL, deploy, run_request
 
 pytestmark = pytest.mark.django_db(transaction=True)

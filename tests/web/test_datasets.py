@@ -13,7 +13,7 @@ from backfill_portal.backfills.models import BackfillRequest
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.models import Run
 from backfill_portal.warehouse.models import Publication
-from backfill_portal.warehouse.services.rollback import partition_rollback
+from backfill_portal.recovery.rollback import partition_rollback
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DATASET = "/datasets/dwd_order_items/"

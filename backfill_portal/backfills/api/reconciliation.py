@@ -36,7 +36,7 @@ class ReconciliationSerializer(serializers.ModelSerializer):
                   "manifest", "rows"]
 
     def get_rows(self, obj) -> list[dict]:
-        from backfill_portal.backfills.services.reconciliation import reconciliation_rows
+        from backfill_portal.recovery.reconciliation import reconciliation_rows
 
         return ReconciliationRowSerializer(reconciliation_rows(obj), many=True).data
 

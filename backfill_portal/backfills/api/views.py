@@ -38,8 +38,8 @@ from backfill_portal.backfills.api.reconciliation import (  # noqa: I001  (issue
     RollbackSerializer,
     SignoffSerializer,
 )
-from backfill_portal.backfills.services import reconciliation as reconciliation_service
-from backfill_portal.warehouse.services import rollback as rollback_service
+from backfill_portal.recovery import reconciliation as reconciliation_service
+from backfill_portal.recovery import rollback as rollback_service
 from rest_framework import renderers
 from rest_framework.reverse import reverse
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from backfill_portal.backfills.choices import Cascade, RequestStatus
 from backfill_portal.backfills.models import BackfillRequest, Interval
-from backfill_portal.backfills.planning import interval_for_key
+from backfill_portal.catalog.calendar import interval_for_key
 from backfill_portal.backfills.services.requests import NodeAction
 from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.lineage import LineageGraph

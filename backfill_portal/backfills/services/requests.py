@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus, Strategy
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
-from backfill_portal.backfills.planning import PlannedInterval, plan_intervals
+from backfill_portal.catalog.calendar import PlannedInterval, plan_intervals
 from backfill_portal.backfills.services.notifications import notify_approvers
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
 from backfill_portal.backfills.staleness import StaleLater, check_exclusions, published_after, stale_later

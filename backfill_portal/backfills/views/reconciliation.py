@@ -140,7 +140,7 @@ def _chart_desc(job: str, rows: list) -> str:
 def _recon_or_none(req: BackfillRequest):
     """The stored reconciliation; computed the first time it is read (as the API does),
     once something ran."""
-    from backfill_portal.backfills.services.reconciliation import reconciliation_get
+    from backfill_portal.recovery.reconciliation import reconciliation_get
 
     if req.status in _NOT_RUN_YET:
         return None
@@ -152,7 +152,7 @@ def _recon_or_none(req: BackfillRequest):
 def reconciliation(request, pk: int, *, status: int = 200, bound: dict | None = None):
     """The manifest, the four numbers per interval (500 a page, filterable by verdict),
     explain forms, sign-off and a chart of rows before/after/baseline."""
-    from backfill_portal.backfills.services.reconciliation import reconciliation_rows
+    from backfill_portal.recovery.reconciliation import reconciliation_rows
 
     req = request_or_404(pk)
     recon = _recon_or_none(req)
@@ -196,7 +196,7 @@ def _explain_form(row, data=None) -> ExplainForm:
 def reconciliation_explain(request, pk: int, row_pk: int):
     """One interval's explanation (interval_explain). htmx gets the row back, plus the
     verdict counts and the sign-off panel out of band; a refusal stays on the row."""
-    from backfill_portal.backfills.services.reconciliation import interval_explain
+    from backfill_portal.recovery.reconciliation import interval_explain
 
     req = request_or_404(pk)
     row = ReconciliationRow.objects.select_related("job", "dataset", "explained_by").filter(
@@ -235,7 +235,7 @@ def reconciliation_explain(request, pk: int, row_pk: int):
 @application_errors
 @require_POST
 def reconciliation_signoff_view(request, pk: int):
-    from backfill_portal.backfills.services.reconciliation import reconciliation_signoff
+    from backfill_portal.recovery.reconciliation import reconciliation_signoff
 
     request_or_404(pk)
     form = SignoffForm(request.POST)
@@ -252,7 +252,7 @@ def reconciliation_signoff_view(request, pk: int):
 @application_errors
 @require_POST
 def reconciliation_recompute_view(request, pk: int):
-    from backfill_portal.backfills.services.reconciliation import reconciliation_recompute
+    from backfill_portal.recovery.reconciliation import reconciliation_recompute
 
     request_or_404(pk)
     try:

@@ -32,7 +32,7 @@ from backfill_portal.backfills.forms import (
     partition_format,
 )
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
-from backfill_portal.backfills.planning import dst_notes
+from backfill_portal.catalog.calendar import dst_notes
 from backfill_portal.backfills.preview import request_plan_preview
 from backfill_portal.backfills.selectors import interval_buckets, request_progress, request_rows
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
@@ -57,7 +57,7 @@ from backfill_portal.core.web import (
 from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
 from backfill_portal.warehouse.services.outage import warehouse_outage_current
-from backfill_portal.warehouse.services.rollback import (
+from backfill_portal.recovery.rollback import (
     ROLLBACKABLE_REQUEST_STATES,
     request_rollback,
     rollback_rebuild,

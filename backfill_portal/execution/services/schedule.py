@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from backfill_portal.backfills.planning import interval_for_key, partition_for, previous_partition
+from backfill_portal.catalog.calendar import interval_for_key, partition_for, previous_partition
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import RunStatus, RunType

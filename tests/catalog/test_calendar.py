@@ -6,7 +6,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from backfill_portal.backfills.planning import (
+from backfill_portal.catalog.calendar import (
     PlannedInterval,
     dst_notes,
     interval_for_key,

@@ -34,7 +34,7 @@ from django.utils import timezone
 from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.choices import RequestStatus as R
 from backfill_portal.backfills.models import BackfillRequest, Interval, Reconciliation, ReconciliationRow, Verdict
-from backfill_portal.backfills.planning import partition_for
+from backfill_portal.catalog.calendar import partition_for
 from backfill_portal.backfills.transitions import request_transition
 from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Dataset, Job
@@ -202,7 +202,7 @@ def _verdict(deviations: list[str], explanation: str) -> str:
 def _contaminations(run_pks: list[int]) -> dict[int, tuple]:
     """{run pk: (when the rollback found it, why)} for the runs whose version is in a
     rollback's contaminated closure (the nearest entry when there are several)."""
-    from backfill_portal.warehouse.services.rollback import publications_in_effect, contamination_status
+    from backfill_portal.recovery.rollback import publications_in_effect, contamination_status
 
     rows = []
     for chunk in _chunks(sorted(set(run_pks))):

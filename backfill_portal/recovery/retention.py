@@ -29,7 +29,7 @@ from backfill_portal.warehouse.adapter import PurgeRefused
 from backfill_portal.warehouse.models import Consumption, Publication, Version
 from backfill_portal.warehouse.registry import get_warehouse, spec_for
 from backfill_portal.warehouse.services.profiles import current_many
-from backfill_portal.warehouse.services.rollback import previous_verified
+from backfill_portal.recovery.rollback import previous_verified
 
 logger = logging.getLogger(__name__)
 
