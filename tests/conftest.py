@@ -10,6 +10,9 @@ from rest_framework.test import APIClient
 from backfill_portal.catalog.services.sync import catalog_sync
 from backfill_portal.core.roles import Role
 
+# The real-worker fixture (`start_worker`), for tests/execution and tests/ops.
+pytest_plugins = ["tests.workers"]
+
 PERSONAS = {
     "alice": [Role.REQUESTER],
     "olivia": [Role.OWNER, Role.REQUESTER],

@@ -9,14 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
-from django.conf import settings
-from django.db import connection
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.catalog.services.sync import catalog_sync
@@ -29,9 +25,7 @@ from backfill_portal.warehouse.models import Publication
 from backfill_portal.warehouse.registry import spec_for
 from tests.conftest import TEST_CATALOG
 from tests.execution.test_pipeline import approved_request
-
-ROOT = Path(__file__).resolve().parents[2]
-BROKER = os.environ.get("CELERY_BROKER_URL", "")
+from tests.workers import BROKER
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -40,80 +34,17 @@ pytestmark = [
 ]
 
 
-def worker_env(warehouse_url: str) -> dict:
-    db = settings.DATABASES["default"]
-    return {
-        **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-        "WAREHOUSE_URL": warehouse_url,
-        "CELERY_BROKER_URL": BROKER,
-        "LOG_LEVEL": "INFO",
-        "SWEEP_SECONDS": "1",
-    }
-
-
-def start_worker(env: dict, *, queues: str | None, log_name: str) -> subprocess.Popen:
-    """A real worker; `queues=None` starts it the plain way, without -Q."""
-    log = open(Path(settings.VAR_DIR) / f"{log_name}-{os.getpid()}.log", "w")
-    args = [sys.executable, "-m", "celery", "-A", "backfill_portal", "worker", "--concurrency", "2",
-            "--prefetch-multiplier", "1", "--without-mingle", "--without-gossip", "-n", f"{log_name}{os.getpid()}@%h"]
-    if queues:
-        args[6:6] = ["-Q", queues]
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def start_beat(env: dict, schedule: Path) -> subprocess.Popen:
-    """The periodic scheduler: it sends the sweeper every SWEEP_SECONDS, through the broker."""
-    log = open(Path(settings.VAR_DIR) / f"test-beat-{os.getpid()}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "backfill_portal", "beat", "--schedule", str(schedule)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=20)
-
-
-def purge(env: dict) -> None:
-    subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q", "production,backfill"],
-                   cwd=ROOT, env=env, capture_output=True, timeout=60)
+@pytest.fixture
+def worker(start_worker):
+    """A worker on both queues, no scheduler: what sweeping there is, the test does."""
+    return start_worker(name="test-worker", SWEEP_SECONDS=1)
 
 
 @pytest.fixture
-def worker(warehouse_url, catalog):
-    if connection.vendor != "postgresql":
-        pytest.skip("a worker process needs a database it can share: PostgreSQL (DATABASE_URL)")
-    env = worker_env(warehouse_url)
-    purge(env)
-    proc = start_worker(env, queues="production,backfill", log_name="test-worker")
-    time.sleep(4)
-    yield proc
-    stop(proc)
-
-
-@pytest.fixture
-def plain_worker(warehouse_url, catalog, tmp_path):
+def plain_worker(start_worker):
     """start() -> a worker started the plain way (`celery -A backfill_portal worker`,
     no -Q) and the periodic scheduler: nothing in the test process sweeps."""
-    if connection.vendor != "postgresql":
-        pytest.skip("a worker process needs a database it can share: PostgreSQL (DATABASE_URL)")
-    env = worker_env(warehouse_url)
-    started = []
-
-    def start() -> subprocess.Popen:
-        purge(env)
-        started.append(start_beat(env, tmp_path / "celerybeat-schedule"))
-        started.append(start_worker(env, queues=None, log_name="test-plain-worker"))
-        time.sleep(4)
-        return started[-1]
-
-    yield start
-    for proc in reversed(started):
-        stop(proc)
+    return lambda: start_worker(name="test-plain-worker", queues=None, beat="separate", SWEEP_SECONDS=1)
 
 
 def wait_for(predicate, timeout=60.0, every=0.3):

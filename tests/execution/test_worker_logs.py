@@ -5,24 +5,16 @@ reason) unless CI's second pass provides PostgreSQL and Redis."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from django.conf import settings
-from django.db import connection
 
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Run
 from tests.execution.test_pipeline import approved_request
+from tests.workers import BROKER, stop
 
-ROOT = Path(__file__).resolve().parents[2]
-BROKER = os.environ.get("CELERY_BROKER_URL", "")
 # Printed by Celery straight to the terminal when told to stop, past any logging.
 SHUTDOWN_NOTICE = re.compile(r"^worker: \w+ shutdown \(MainProcess\)$")
 
@@ -34,41 +26,17 @@ pytestmark = [
 
 
 @pytest.fixture
-def worker_log(warehouse_url, catalog, tmp_path):
-    """Start a worker the plain way (its banner off: `celery -q`), yield a function that
+def worker_log(start_worker, tmp_path):
+    """Start a worker the plain way (its banner off: `celery -q`), return a function that
     stops it and returns its output's lines."""
-    if connection.vendor != "postgresql":
-        pytest.skip("a worker process needs a database it can share: PostgreSQL (DATABASE_URL)")
-    db = settings.DATABASES["default"]
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-        "WAREHOUSE_URL": warehouse_url,
-        "CELERY_BROKER_URL": BROKER,
-        "LOG_LEVEL": "INFO",
-    }
-    subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q", "production,backfill"],
-                   cwd=ROOT, env=env, capture_output=True, timeout=60)
     path = tmp_path / "worker.log"
-    log = open(path, "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "backfill_portal", "-q", "worker", "-Q", "production,backfill",
-         "--concurrency", "2", "--loglevel", "INFO", "--without-mingle", "--without-gossip",
-         "-n", f"logs{os.getpid()}@%h"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_worker(name="logs", quiet=True, args=("--loglevel", "INFO"), log=path, settle=0)
 
-    def stop() -> list[str]:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    def lines() -> list[str]:
+        stop(proc)
         return path.read_text().splitlines()
 
-    yield stop
-    stop()
+    return lines
 
 
 def test_a_real_workers_lines_are_json_and_name_the_run_attempt_and_request(personas, worker_log):

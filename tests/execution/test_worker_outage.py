@@ -5,14 +5,9 @@ finishes by itself, every interval published once, without a manual retry. Skipp
 (with the reason) unless CI's second pass provides PostgreSQL and Redis."""
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -27,9 +22,7 @@ from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.warehouse.models import Publication, WarehouseOutage
 from backfill_portal.warehouse.registry import spec_for
 from tests.execution.test_pipeline import approved_request
-
-ROOT = Path(__file__).resolve().parents[2]
-BROKER = os.environ.get("CELERY_BROKER_URL", "")
+from tests.workers import BROKER, stop
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -107,41 +100,6 @@ class TcpProxy:
                     pass
 
 
-def start_worker(warehouse_url: str, **env_extra) -> subprocess.Popen:
-    """A worker consuming both queues, with its scheduler embedded (-B): the sweeper and
-    the warehouse probe run by themselves, as in a deployment."""
-    db = settings.DATABASES["default"]
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-        "WAREHOUSE_URL": warehouse_url,
-        "CELERY_BROKER_URL": BROKER,
-        "LOG_LEVEL": "INFO",
-        **{k: str(v) for k, v in env_extra.items()},
-    }
-    subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q", "production,backfill"],
-                   cwd=ROOT, env=env, capture_output=True, timeout=60)
-    var = Path(settings.VAR_DIR)
-    log = open(var / f"test-worker-outage-{os.getpid()}.log", "a")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "backfill_portal", "worker", "-B", "-s",
-         str(var / f"test-beat-{os.getpid()}"), "-Q", "production,backfill", "--concurrency", "2",
-         "--prefetch-multiplier", "1", "--without-mingle", "--without-gossip", "-n", f"outage{os.getpid()}@%h"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    proc.log = log
-    time.sleep(4)
-    return proc
-
-
-def stop_worker(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.log.close()
-
-
 @pytest.fixture
 def needs_postgres():
     if connection.vendor != "postgresql" or not settings.WAREHOUSE_URL.startswith("postgres"):
@@ -158,14 +116,14 @@ def wait_for(predicate, timeout: float, every: float = 0.5):
     raise AssertionError(f"timed out after {timeout}s waiting for {predicate.__doc__ or predicate}")
 
 
-def test_a_poison_run_on_a_real_worker_waits_between_its_attempts(personas, catalog, demo_sources, warehouse_url,
-                                                                  needs_postgres):
+def test_a_poison_run_on_a_real_worker_waits_between_its_attempts(personas, catalog, demo_sources, needs_postgres,
+                                                                  start_worker):
     from backfill_portal.catalog.services.sync import catalog_sync
     from tests.conftest import TEST_CATALOG
 
     catalog_sync(text=TEST_CATALOG.replace("callable: tests.execution.jobs.order_items",
                                            "callable: tests.execution.jobs.broken"))
-    worker = start_worker(warehouse_url, RETRY_BACKOFF_SECONDS=1)
+    worker = start_worker(name="test-worker-outage", beat="embedded", RETRY_BACKOFF_SECONDS=1)
     try:
         request = approved_request(personas, job="dwd_order_items_py", start="2022-10-01", end="2022-10-01")
 
@@ -176,7 +134,7 @@ def test_a_poison_run_on_a_real_worker_waits_between_its_attempts(personas, cata
 
         wait_for(request_failed, timeout=90)
     finally:
-        stop_worker(worker)
+        stop(worker)
     run = Run.objects.get(request=request)
     attempts = list(run.attempts.order_by("attempt_no"))
     assert run.status == RunStatus.FAILED and len(attempts) == run.job.max_attempts == 3
@@ -187,13 +145,14 @@ def test_a_poison_run_on_a_real_worker_waits_between_its_attempts(personas, cata
 
 
 def test_a_20_second_warehouse_outage_is_survived_without_a_manual_retry(personas, catalog, warehouse, warehouse_url,
-                                                                        needs_postgres):
+                                                                        needs_postgres, start_worker):
     parts = urlsplit(warehouse_url)
     proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
     proxy.start()
     proxied = urlunsplit((parts.scheme, f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}", parts.path,
                           parts.query, parts.fragment))
-    worker = start_worker(proxied, RETRY_BACKOFF_SECONDS=0.5, WAREHOUSE_PROBE_SECONDS=1, SWEEP_SECONDS=2,
+    worker = start_worker(name="test-worker-outage", warehouse_url=proxied, beat="embedded",
+                          RETRY_BACKOFF_SECONDS=0.5, WAREHOUSE_PROBE_SECONDS=1, SWEEP_SECONDS=2,
                           WAREHOUSE_CONNECT_TIMEOUT=3)
     try:
         request = approved_request(personas, job="slow_items", start="2022-10-01", end="2022-10-04",
@@ -228,7 +187,7 @@ def test_a_20_second_warehouse_outage_is_survived_without_a_manual_retry(persona
 
         wait_for(request_done, timeout=120)
     finally:
-        stop_worker(worker)
+        stop(worker)
         proxy.stop()
     assert request.status in (RequestStatus.RECONCILING, RequestStatus.COMPLETED), request.status
     assert set(Interval.objects.filter(request=request).values_list("status", flat=True)) == {IntervalStatus.PUBLISHED}

@@ -17,8 +17,9 @@ from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.services.sweep import sweep_run
 from backfill_portal.warehouse.models import Publication
 from tests.execution.test_pipeline import approved_request
-from tests.execution.test_worker import BROKER, running_attempt, worker  # noqa: F401  (fixture)
+from tests.execution.test_worker import running_attempt, worker  # noqa: F401  (a fixture: pytest finds it by name)
 from tests.ops.metrics import assert_matches_database, parse, value
+from tests.workers import BROKER
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
