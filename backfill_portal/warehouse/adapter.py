@@ -432,9 +432,9 @@ class Warehouse:
                             field="columns",
                         )
             # One index, on the run: a run writes one partition, so readers reach a
-            # partition's rows through the pointer's run id too. Every index costs the
-            # staging INSERT (measured on PostgreSQL: ~35 ms per 22k-row version each);
-            # a second one on (_partition, _run_id) served no query the first does not.
+            # partition's rows through the pointer's run id too. Every index is paid for
+            # by every staging INSERT, and a second one on (_partition, _run_id) would
+            # serve no query the first does not.
             self.db.execute(f"CREATE INDEX IF NOT EXISTS {_quote(table + '_run')} ON {_quote(table)} (\"_run_id\")")
 
             data_columns = self._data_columns(table)
@@ -780,8 +780,9 @@ class Warehouse:
         if self.db.dialect == "sqlite":
             rows = self.db.query("SELECT name, type FROM pragma_table_info(?) ORDER BY cid", (relation,))
         else:
-            # pg_attribute rather than information_schema: ten times faster, and
-            # to_regclass resolves the name through the search path as a statement would.
+            # pg_attribute rather than information_schema, whose views join far more than
+            # this needs; to_regclass resolves the name through the search path as a
+            # statement would.
             rows = self.db.query(
                 """SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
                 FROM pg_catalog.pg_attribute AS a
@@ -1028,12 +1029,12 @@ class Warehouse:
     def _fingerprint_sqlite(self, spec: DatasetSpec, run_id: str) -> str:
         """blake2b over the version's rows in a canonical order.
 
-        SQLite has no hash function. Measured alternatives (a Python function called
-        per row, per-row quote()/printf text, fetching tuples and hashing them in
-        Python) were 1.5-2x slower than this: SQLite encodes each normalised row as a
-        JSON array and sorts those texts (in C, spilling to disk for a large version);
-        Python only streams them into one hash. Sorting makes insertion order
-        irrelevant; every copy of a row is hashed, so a duplicate changes the result.
+        SQLite has no hash function. SQLite encodes each normalised row as a JSON array
+        and sorts those texts (in C, spilling to disk for a large version); Python only
+        streams them into one hash. The alternatives (a Python function called per row,
+        per-row quote()/printf text, fetching tuples and hashing them in Python) do more
+        of the per-row work in Python and were slower (docs/performance.md). Sorting
+        makes insertion order irrelevant; every copy of a row is hashed, so a duplicate changes the result.
         JSON quotes and escapes strings, so NULL, '' and 'a,b' cannot be confused.
 
         Numbers are compared as whole millionths (round half away from zero), computed
