@@ -200,7 +200,7 @@ def _database(url: str) -> dict:
     if config["ENGINE"] == "django.db.backends.postgresql" and env_bool("DATABASE_PREPARED", True):
         # Server-side parameters, so psycopg prepares a statement after its fifth use
         # on a connection: the worker repeats the same few dozen statements for every
-        # interval, and planning them again each time was ~40% of their cost. Off
+        # interval, and planning them again each time is a large part of their cost. Off
         # (DATABASE_PREPARED=0) behind a pooler in transaction mode, which cannot keep
         # prepared statements.
         config["OPTIONS"] = {**config.get("OPTIONS", {}), "server_side_binding": True, "prepare_threshold": 5}
@@ -350,7 +350,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # The token scheme first: its challenge makes a call without credentials a 401
-        # with WWW-Authenticate (session auth has no challenge, so DRF answered 403).
+        # with WWW-Authenticate (session auth has no challenge: first, it makes that a 403).
         "backfill_portal.core.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],

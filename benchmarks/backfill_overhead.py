@@ -209,8 +209,8 @@ def portal_on_worker() -> float:
         t0 = time.perf_counter()
         request = file_and_approve()
         # Every 25 ms: the end is seen at most 0.3 ms per interval late. One prepared
-        # statement on a raw cursor, not the ORM: the polling would otherwise take ~5 ms
-        # of CPU per interval from the two cores the worker is timed on.
+        # statement on a raw cursor, not the ORM, so that the polling takes as little
+        # as it can of the CPU the worker is timed on.
         table = connection.ops.quote_name(BackfillRequest._meta.db_table)
         with connection.cursor() as cursor:
             while True:

@@ -37,7 +37,7 @@ def test_docs_page_renders_for_a_logged_in_user(personas):
 
 
 def test_anonymous_api_calls_are_refused_not_errors(db):
-    # 401 with the token challenge (was "401 or 403": DRF answered 403 while session auth came first).
+    # 401 with the token challenge, not 403: the token scheme is the first authenticator.
     client = APIClient()
     for url in ("/api/requests/", "/api/audit/", "/api/requests/1/"):
         response = client.get(url)

@@ -35,8 +35,9 @@ def interval_buckets(request: BackfillRequest, *, key_prefix: int) -> list[tuple
     `key_prefix` characters of the partition key (a local day of hourly partitions, a
     month of daily ones), in key order: [(bucket, {status: count})].
 
-    One GROUP BY read through a plain cursor: a 26,280-interval request gives ~1,100
-    rows, and the ORM's values() with a converter per column took longer than the query."""
+    One GROUP BY read through a plain cursor: a long request gives a row per (bucket,
+    status), and the ORM's values(), with a converter per column, costs more per row
+    than the query does."""
     table, qn = Interval._meta.db_table, connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT SUBSTR({qn('partition_key')}, 1, %s), {qn('status')}, COUNT(*) FROM {qn(table)} "

@@ -42,11 +42,11 @@ def apply_transition(
     updates = dict(updates or {})
     # No savepoint: inside a caller's transaction this is part of its unit of work (an
     # error here must roll all of it back), and a lost race changes nothing, so it is
-    # raised after the block and a caller may catch it and go on. Savepoints were a
-    # third of the metadata statements per interval (SAVEPOINT + RELEASE, twice each).
+    # raised after the block and a caller may catch it and go on. A savepoint would add
+    # a SAVEPOINT and a RELEASE to every transition and its audit row.
     with transaction.atomic(savepoint=False):
         # One fixed statement per model and set of columns: a backfill interval makes
-        # ~10 transitions, and the ORM compiled the same UPDATE for each.
+        # several transitions, and the ORM would compile the same UPDATE for each.
         claimed = update_row(type(instance), instance.pk, {"status": to, **updates}, where={**(expect or {}), "status": current})
         if claimed == 1:
             audit_record(

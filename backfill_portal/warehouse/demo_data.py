@@ -236,7 +236,7 @@ def _generate_day(url: str, dataset: str, day: date, scale: int, seed: int) -> l
 def _generated(db: WarehouseDB, todo: list[tuple[str, date]], scale: dict[str, int], seed: int):
     """Yield (dataset, day, rows) in `todo` order. For a long range the order events,
     the heavy part, are made in a forked child process while this one makes the page
-    events and inserts; on two cores that takes the default range from ~40 s to ~25 s.
+    events and inserts, so the two overlap on a machine with more than one core.
 
     Fork, not spawn: spawn re-imports the caller's `__main__`, which re-runs any
     unguarded script. Fork is only safe from a single-threaded process (another
@@ -306,8 +306,8 @@ def _insert_rows(db: WarehouseDB, table: str, columns: tuple[str, ...], rows: li
     if db.dialect == "postgresql":
         _copy_rows(db, table, columns, rows)
         return
-    # Multi-row VALUES: a quarter faster than executemany on SQLite, which pays a
-    # step/reset round per row. Full batches share one cached statement.
+    # Multi-row VALUES rather than executemany, which on SQLite pays a step/reset
+    # round per row. Full batches share one cached statement.
     row_sql = "(" + ", ".join("?" * len(columns)) + ")"
     head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
     full = head + ", ".join([row_sql] * INSERT_BATCH)

@@ -28,7 +28,7 @@ from backfill_portal.backfills.services.requests import (
     request_get,
 )
 from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
-from backfill_portal.backfills.api.reconciliation import (  # noqa: I001  (issue 5: reconciliation, rollback)
+from backfill_portal.backfills.api.reconciliation import (
     ExplainSerializer,
     ReconciliationCSVRenderer,
     ReconciliationRowSerializer,

@@ -71,8 +71,8 @@ GRID_MAX_CELLS = 2000
 RUNS_SHOWN = 25
 RECON_SHOWN_STATES = (RequestStatus.RECONCILING, RequestStatus.COMPLETED, RequestStatus.ROLLED_BACK)
 PROGRESS_SEGMENTS = ("published", "running", "queued", "failed", "skipped", "cancelled")
-# Django's Choices.values builds a new list on every access; the grid reads it for each
-# of up to 2,000 buckets (~8 ms of a 26,280-interval request's page, measured).
+# Django's Choices.values builds a new list on every access, and the grid reads it for
+# each of up to 2,000 buckets: read it once.
 INTERVAL_STATES = tuple(IntervalStatus.values)
 
 
@@ -122,7 +122,8 @@ def _bucket_grid(req: BackfillRequest, rows: list[tuple[str, dict[str, int]]]) -
 def _cells_html(cells) -> str:
     """The grid's squares, `<li class="cell s-STATE" title="...">`, built here rather
     than in a template loop: a 26,280-interval request has up to 2,000 of them, and a
-    template loop takes ~23 ms for 1,095 of them, this ~2 (measured; both escape every value).
+    template loop's per-item cost dominates the page at that size (docs/performance.md).
+    Both escape every value.
     The standard library's escape is Django's without its lazy-string wrapper, which
     cost more than the escaping itself here; the values are plain strings."""
     return mark_safe("".join(f'<li class="cell s-{html_escape(state)}" title="{html_escape(title)}"></li>'

@@ -1,9 +1,9 @@
 """Rows of the long tables (backfill requests, audit events), rendered in Python.
 
-In a Django template a row of these tables costs ~0.2 ms (a url tag, three date
-filters and the autoescaping of every cell): ~11 ms for a page of 50 rows, fifty
-times the page's own keyset SELECT. These filters build the same markup with the
-standard library's escape, ~20 times faster (measured in benchmarks/pages.py).
+In a Django template a row of these tables pays for a url tag, three date filters
+and the autoescaping of every cell, which for a page of 50 rows costs many times the
+page's own keyset SELECT. These filters build the same markup with the standard
+library's escape (benchmarks/pages.py; the figures are in docs/performance.md).
 Every value is escaped; the result is marked safe.
 
     {% load tables %}<tbody>{{ page.rows|request_rows }}</tbody>
