@@ -108,7 +108,6 @@ def direct() -> float:
 
 
 sent: deque = deque()
-to_broker = outbox._publish
 
 
 def to_this_process(task, args, headers, queue, eta=None) -> None:
@@ -116,7 +115,7 @@ def to_this_process(task, args, headers, queue, eta=None) -> None:
     sent.append((task, args, headers))
 
 
-outbox._publish = to_this_process
+outbox.set_publisher(to_this_process)
 alice, olivia = User.objects.get(username="alice"), User.objects.get(username="olivia")
 
 
@@ -204,8 +203,7 @@ def stop_worker(proc: subprocess.Popen) -> None:
 def portal_on_worker() -> float:
     """The same backfill, its tasks sent through the broker to the worker; timed until
     the request reaches reconciling (every interval published)."""
-    outbox._publish = to_broker
-    try:
+    with outbox.use_publisher(outbox.broker_publish):
         t0 = time.perf_counter()
         request = file_and_approve()
         # Every 25 ms: the end is seen at most 0.3 ms per interval late. One prepared
@@ -224,8 +222,6 @@ def portal_on_worker() -> float:
         while not ReconciliationRow.objects.filter(request=request).exists():
             time.sleep(0.05)
         return elapsed
-    finally:
-        outbox._publish = to_this_process
 
 
 direct()  # warm caches for both (first reads of the source pages)

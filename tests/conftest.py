@@ -439,7 +439,9 @@ class TaskQueue:
 
 
 @pytest.fixture
-def task_queue(monkeypatch):
+def task_queue():
+    from backfill_portal.execution.queue import use_publisher
+
     queue = TaskQueue()
-    monkeypatch.setattr("backfill_portal.execution.queue._publish", queue.publish)
-    return queue
+    with use_publisher(queue.publish):
+        yield queue

@@ -7,6 +7,8 @@ sweeper re-sends it. Tasks re-read state, so a duplicate send is harmless.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 from django.db import transaction
@@ -28,10 +30,44 @@ def enqueue(task: str, *args, headers: dict | None = None, queue: str = BACKFILL
     return row
 
 
-def _publish(task: str, args: list, headers: dict, queue: str, eta=None) -> None:
+# -- the broker seam ----------------------------------------------------------------------------
+# Every send goes through one publisher, `publisher(task, args, headers, queue, eta)`,
+# which raises when it cannot send. `broker_publish` (Celery's broker) is the default.
+# Tests and benchmarks that run the tasks themselves, or play a broker that is down,
+# route the sends elsewhere with `use_publisher(...)` or `set_publisher(...)`; the
+# outbox around the send (the row, the send after commit, `sent_at`, the sweeper's
+# resend) is the same either way.
+
+Publisher = Callable[..., None]
+
+
+def broker_publish(task: str, args: list, headers: dict, queue: str, eta=None) -> None:
+    """The default publisher: send the task through Celery's broker (`eta`: an aware
+    datetime before which it is not delivered)."""
     from backfill_portal.celery import app
 
     app.send_task(task, args=args, headers=headers, queue=queue, eta=eta)
+
+
+_publisher: Publisher = broker_publish
+
+
+def set_publisher(publisher: Publisher | None) -> Publisher:
+    """Send every task through `publisher` from now on, in this process (None: through
+    the broker again); returns the publisher it replaces."""
+    global _publisher
+    previous, _publisher = _publisher, publisher or broker_publish
+    return previous
+
+
+@contextmanager
+def use_publisher(publisher: Publisher | None) -> Iterator[Publisher]:
+    """`set_publisher(publisher)` for the block; the previous publisher again after it."""
+    previous = set_publisher(publisher)
+    try:
+        yield publisher or broker_publish
+    finally:
+        set_publisher(previous)
 
 
 def send(row: TaskOutbox) -> bool:
@@ -39,7 +75,7 @@ def send(row: TaskOutbox) -> bool:
     the sweeper sent it meanwhile (it waits 30 s), the task goes twice, which tasks
     tolerate by design."""
     try:
-        _publish(row.task, row.args, row.headers, row.queue, row.eta)
+        _publisher(row.task, row.args, row.headers, row.queue, row.eta)
     except Exception:  # broker down: the sweeper tries again
         logger.exception("could not send %s %s; the sweeper will retry", row.task, row.args)
         return False

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def broker(monkeypatch):
+def broker():
     sent: list[tuple] = []
     state = {"down": False}
 
@@ -21,8 +21,8 @@ def broker(monkeypatch):
             raise ConnectionError("broker unreachable")
         sent.append((task, args, headers, queue_name))
 
-    monkeypatch.setattr(queue, "_publish", publish)
-    return sent, state
+    with queue.use_publisher(publish):
+        yield sent, state
 
 
 def test_a_task_is_sent_after_commit_and_marked_sent(broker):
