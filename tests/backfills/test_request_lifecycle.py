@@ -378,24 +378,27 @@ def test_a_lost_race_inside_a_callers_transaction_leaves_it_usable(alice, oscar,
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_failed_audit_write_undoes_the_state_change(alice, catalog, monkeypatch):
+def test_a_failed_audit_write_undoes_the_state_change(alice, catalog):
     """Invariant 8: the change and its audit row commit together or not at all (a real
     transaction here: inside a test's own, the failure dooms that one instead)."""
+    from django.db import connection
+
     from backfill_portal.backfills.services.requests import backfill_request_create
-    from backfill_portal.core.services import audit
 
     request, _ = backfill_request_create(actor=alice, job="dwd_order_items", start="2022-10-01",
                                          end="2022-10-02", reason="audit fails")
     before = AuditEvent.objects.count()
+    audit_table = connection.ops.quote_name(AuditEvent._meta.db_table)
 
-    def broken_insert(event):
-        raise RuntimeError("audit store unavailable")
+    def audit_store_refuses(execute, sql, params, many, context):
+        """The database refuses the audit row's INSERT (and only that)."""
+        if sql.lstrip().upper().startswith("INSERT") and audit_table in sql:
+            raise RuntimeError("audit store unavailable")
+        return execute(sql, params, many, context)
 
-    monkeypatch.setattr(audit, "_insert", broken_insert)
-    with pytest.raises(RuntimeError, match="audit store unavailable"):
+    with pytest.raises(RuntimeError, match="audit store unavailable"), connection.execute_wrapper(audit_store_refuses):
         request_transition(BackfillRequest.objects.select_related("job__dataset").get(pk=request.pk),
                            to=RequestStatus.CANCELLED, actor=alice)
-    monkeypatch.undo()
     assert status_of(request.pk) == RequestStatus.DRAFT
     assert AuditEvent.objects.count() == before
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus, RequestStatus
@@ -132,18 +133,17 @@ def test_committed_but_not_acknowledged_publishes_once_without_writing_again(per
     """The rows and marker commit, the worker dies before recording success; the sweeper
     marks the attempt lost; the next attempt sees the marker and does not write again."""
     request = approved_request(personas, start="2022-10-01", end="2022-10-01")
+    attempts = connection.ops.quote_name(Attempt._meta.db_table)
 
-    real_succeed = runs_service._attempt_succeed
-    died = []
-
-    def die_once(**kwargs):
-        if not died:
-            died.append(kwargs["attempt"].attempt_no)
+    def killed_recording_success(execute, sql, params, many, context):
+        """The process dies as it writes the attempt's success to the metadata database,
+        after the warehouse committed the rows and the marker."""
+        if (sql.lstrip().upper().startswith("UPDATE") and attempts in sql
+                and AttemptStatus.SUCCEEDED in (params or ())):
             raise SystemExit("worker killed after commit")  # not caught by the attempt's error handling
-        return real_succeed(**kwargs)
+        return execute(sql, params, many, context)
 
-    monkeypatch.setattr(runs_service, "_attempt_succeed", die_once)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit), connection.execute_wrapper(killed_recording_success):
         ready.drain()
     run = Run.objects.get(request=request)
     marker = warehouse.marker(run.run_id)
@@ -163,24 +163,34 @@ def test_committed_but_not_acknowledged_publishes_once_without_writing_again(per
     assert warehouse.marker(run.run_id).attempt_no == 1
 
 
-def test_stale_attempt_is_fenced_its_heartbeat_and_result_refused(personas, ready, warehouse):
+def test_stale_attempt_is_fenced_its_heartbeat_and_result_refused(personas, ready, warehouse, monkeypatch):
     request = approved_request(personas, start="2022-10-01", end="2022-10-01")
-    # Run the dispatch only, then start the attempt by hand and let it go stale.
+    # Run the dispatch only, then the run's task by hand, on a worker that goes stale
+    # (frozen past its heartbeat timeout) before it stages: the sweeper marks its
+    # attempt lost meanwhile, and it stages its rows all the same when it wakes up.
     ready.drain(skip=lambda task, args: task == "execution.execute_run")
     run = Run.objects.get(request=request)
-    attempt = runs_service._start_attempt(run, "stale-worker")
-    assert runs_service.attempt_heartbeat(attempt_pk=attempt.pk)
-    runs_service.attempts_sweep_lost(now=timezone.now() + timedelta(hours=1))
-    attempt.refresh_from_db()
-    assert attempt.status == AttemptStatus.LOST
-    assert runs_service.attempt_heartbeat(attempt_pk=attempt.pk) is False
-    # The stale worker wakes up having staged its rows: its success is refused.
-    from backfill_portal.execution.executors import execute
+    from backfill_portal.execution import executors
 
-    run.refresh_from_db()
-    marker = execute(run, attempt.attempt_no, warehouse)
-    run.refresh_from_db()
-    assert runs_service._attempt_succeed(attempt=attempt, run=run, marker=marker) == "fenced"
+    stage = executors.execute
+    seen = {}
+
+    def stale_then_staged(run, attempt_no, warehouse, **kwargs):
+        attempt = Attempt.objects.get(run=run, attempt_no=attempt_no)
+        seen["beat while running"] = runs_service.attempt_heartbeat(attempt_pk=attempt.pk)
+        runs_service.attempts_sweep_lost(now=timezone.now() + timedelta(hours=1))
+        attempt.refresh_from_db()
+        seen["status after the sweep"] = attempt.status
+        seen["beat after the sweep"] = runs_service.attempt_heartbeat(attempt_pk=attempt.pk)
+        return stage(run, attempt_no, warehouse)  # frozen: it never saw the fence
+
+    with monkeypatch.context() as patch:
+        patch.setattr(executors, "execute", stale_then_staged)
+        # The stale worker's success is refused.
+        assert runs_service.run_execute(run_id=run.run_id, worker="stale-worker") == "fenced"
+    assert seen == {"beat while running": True, "status after the sweep": AttemptStatus.LOST,
+                    "beat after the sweep": False}
+    assert run.attempts.get(attempt_no=1).status == AttemptStatus.LOST
     # The new attempt finds the marker and publishes exactly once.
     ready.drain()
     run.refresh_from_db()

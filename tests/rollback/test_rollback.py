@@ -3,6 +3,7 @@ version, with the consumers that read the bad version and a one-click rebuild.""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.models import BackfillRequest
@@ -133,13 +134,20 @@ def test_a_publish_between_reading_and_rolling_back_makes_the_rollback_a_conflic
     ready.drain(skip=lambda task, args: task == "execution.verify_run")
     racer = Run.objects.get(request=third)
     assert racer.status == RunStatus.STAGED
-    real_move = rollback_service._move_pointers
+    race = {"racer": racer, "published": []}
+    read_pointer = type(warehouse).current
 
-    def publish_first(moves, **kwargs):
-        assert run_verify(run_id=racer.run_id) == "published"  # someone else's publish lands first
-        return real_move(moves, **kwargs)
+    def someone_publishes_right_after_the_read(self, name, partition):
+        """The rollback reads the pointer of the racer's partition; the racer's publish
+        lands before the rollback moves it (once per racer)."""
+        seen = read_pointer(self, name, partition)
+        racer = race["racer"]
+        if partition == racer.partition_key and racer.run_id not in race["published"]:
+            race["published"].append(racer.run_id)
+            assert run_verify(run_id=racer.run_id) == "published"
+        return seen
 
-    monkeypatch.setattr(rollback_service, "_move_pointers", publish_first)
+    monkeypatch.setattr(type(warehouse), "current", someone_publishes_right_after_the_read)
     audit_before = AuditEvent.objects.filter(action__in=["partition.rollback", "request.rollback"]).count()
     response = api("oscar").post(f"/api/requests/{bad.pk}/rollback/", {"reason": "doubled"}, format="json")
     assert response.status_code == 409
@@ -152,13 +160,16 @@ def test_a_publish_between_reading_and_rolling_back_makes_the_rollback_a_conflic
     bad.refresh_from_db()
     assert bad.status == RequestStatus.RECONCILING
 
+    assert race["published"] == [racer.run_id]
+
     # The same race on a single partition.
     other = approved_request(personas, start="2022-10-02", end="2022-10-02")
     ready.drain(skip=lambda task, args: task == "execution.verify_run")
-    racer = Run.objects.get(request=other)
+    racer = race["racer"] = Run.objects.get(request=other)
     response = api("oscar").post("/api/datasets/dwd_order_items/partitions/2022-10-02/rollback/",
                                  {"reason": "doubled"}, format="json")
     assert response.status_code == 409 and response.json()["code"] == "conflict"
+    assert race["published"][-1] == racer.run_id
     assert warehouse.current("dwd_order_items", "2022-10-02") == racer.run_id
 
 
@@ -208,19 +219,22 @@ def test_bad_rollbacks_are_refused_clearly_and_change_nothing(personas, ready, w
     assert AuditEvent.objects.filter(action="partition.rollback").count() == 1
 
 
-def test_a_rollback_interrupted_before_its_mirror_is_finished_not_repeated(personas, ready, warehouse, monkeypatch):
+def test_a_rollback_interrupted_before_its_mirror_is_finished_not_repeated(personas, ready, warehouse):
     first = run_request(personas, ready, start=DAYS[0], end=DAYS[0])
     second = run_request(personas, ready, start=DAYS[0], end=DAYS[0])
     good, bad = Run.objects.get(request=first), Run.objects.get(request=second)
+    publications = connection.ops.quote_name(Publication._meta.db_table)
 
-    def die(*args, **kwargs):
-        raise SystemExit("worker killed between the warehouse and the metadata")
+    def killed_at_the_mirror(execute, sql, params, many, context):
+        """The process dies as it writes the rollback's first metadata row (the pointer
+        moved in the warehouse just before)."""
+        if sql.lstrip().upper().startswith("INSERT") and publications in sql:
+            raise SystemExit("worker killed between the warehouse and the metadata")
+        return execute(sql, params, many, context)
 
-    monkeypatch.setattr(rollback_service, "_mirror", die)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit), connection.execute_wrapper(killed_at_the_mirror):
         rollback_service.partition_rollback(actor=personas["oscar"], dataset="dwd_order_items",
                                             partition_key=DAYS[0], reason="doubled")
-    monkeypatch.undo()
     assert warehouse.current("dwd_order_items", DAYS[0]) == good.run_id  # the truth moved
     bad.refresh_from_db()
     assert bad.status == RunStatus.PUBLISHED  # the mirror did not
