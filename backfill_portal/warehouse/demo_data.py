@@ -328,7 +328,7 @@ def _copy_rows(db: WarehouseDB, table: str, columns: tuple[str, ...], rows: list
 _HMS: dict[str, list[str]] = {}
 
 
-def _timestamp_formatter(db: WarehouseDB, day_start: int):
+def timestamp_formatter(db: WarehouseDB, day_start: int):
     """A function of epoch seconds -> the value `db.ts()` stores, for instants from two
     days before `day_start` to eight days after. Formatting millions of datetimes one
     by one costs more than the insert itself, so the text is assembled from a per-day
@@ -450,7 +450,7 @@ def _order_rows(db: WarehouseDB, day: date, orders_per_day: int, seed: int) -> l
             seq += 1
     events.sort()
 
-    fmt = _timestamp_formatter(db, day_start)
+    fmt = timestamp_formatter(db, day_start)
     event_prefix = "oe" + ymd + "-"
     not_late = 1.0 - LATE_RATE
     rows = []
@@ -478,7 +478,7 @@ def _page_rows(db: WarehouseDB, day: date, views_per_hour: int, seed: int) -> li
     n_visitors = max(50, views_per_hour * 25)
     pad = _padded(max(n_visitors, views_per_hour * 25 * 3))
     event_prefix = f"pv{day:%Y%m%d}-"
-    fmt = _timestamp_formatter(db, day_start)
+    fmt = timestamp_formatter(db, day_start)
     rows = []
     append = rows.append
     seq = 0

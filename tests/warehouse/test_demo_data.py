@@ -362,8 +362,8 @@ def test_fast_timestamps_are_exactly_what_db_ts_stores(tmp_path):
     sqlite = WarehouseDB(f"sqlite:///{tmp_path / 'w.sqlite3'}")
     postgres = WarehouseDB("postgresql://nobody@127.0.0.1:1/none")  # never connects
     day_start = int(datetime(2022, 11, 5, 16, tzinfo=timezone.utc).timestamp())
-    on_sqlite = demo_data._timestamp_formatter(sqlite, day_start)
-    on_pg = demo_data._timestamp_formatter(postgres, day_start)
+    on_sqlite = demo_data.timestamp_formatter(sqlite, day_start)
+    on_pg = demo_data.timestamp_formatter(postgres, day_start)
     for offset in range(-2 * 86400, 8 * 86400, 7919):
         instant = datetime.fromtimestamp(day_start + offset, timezone.utc)
         assert on_sqlite(day_start + offset) == sqlite.ts(instant)

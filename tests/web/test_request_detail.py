@@ -251,9 +251,9 @@ def test_more_than_2000_intervals_show_one_cell_per_local_day(web, make_request)
 
 
 def test_grid_cells_built_in_python_escape_what_they_show():
-    from backfill_portal.backfills.views.requests import _cells_html
+    from backfill_portal.backfills.views.requests import cells_html
 
-    html = _cells_html([("published", 'job<x> "2022-10-01" & more'), ('a"b', "t")])
+    html = cells_html([("published", 'job<x> "2022-10-01" & more'), ('a"b', "t")])
 
     assert html == ('<li class="cell s-published" title="job&lt;x&gt; &quot;2022-10-01&quot; &amp; more"></li>'
                     '<li class="cell s-a&quot;b" title="t"></li>')

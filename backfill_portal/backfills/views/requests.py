@@ -98,7 +98,7 @@ def _grid(req: BackfillRequest, total: int) -> dict:
             cells = [(f"{name} {key}", status) for name, key, status in rows]
         else:
             cells = list(base.order_by("job_id", "position").values_list("partition_key", "status"))
-        return {"mode": "cells", "count": len(cells), "html": _cells_html(
+        return {"mode": "cells", "count": len(cells), "html": cells_html(
             (status, f"{key}: {status}") for key, status in cells)}
     return _bucket_grid(req, interval_buckets(req, key_prefix=_bucket_unit(req)[0]))
 
@@ -116,10 +116,10 @@ def _bucket_grid(req: BackfillRequest, rows: list[tuple[str, dict[str, int]]]) -
         total = sum(counts.values())
         summary = ", ".join(f"{counts[s]} {s}" for s in INTERVAL_STATES if counts.get(s))
         buckets.append((_bucket_state(counts, total), f"{bucket}: {total} intervals, {summary}"))
-    return {"mode": "buckets", "count": len(buckets), "unit": unit, "html": _cells_html(buckets)}
+    return {"mode": "buckets", "count": len(buckets), "unit": unit, "html": cells_html(buckets)}
 
 
-def _cells_html(cells) -> str:
+def cells_html(cells) -> str:
     """The grid's squares, `<li class="cell s-STATE" title="...">`, built here rather
     than in a template loop: a 26,280-interval request has up to 2,000 of them, and a
     template loop's per-item cost dominates the page at that size (docs/performance.md).
