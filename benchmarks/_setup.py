@@ -14,6 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def scratch_db_name(name: str, base: str) -> str:
+    """The scratch PostgreSQL database of benchmark `name` for DATABASE_URL `base`:
+    bench_<name>_<base's database>, so that benchmarks run against different
+    databases of one server (two engineers, CI) do not drop each other's."""
+    base_db = base.rsplit("/", 1)[1].split("?")[0]
+    return f"bench_{name}_{base_db}" if base_db and not base_db.startswith("bench_") else f"bench_{name}"
+
+
 def scratch_django(name: str) -> str:
     """Point Django at a fresh scratch database and set it up. Returns a label."""
     base = os.environ.get("DATABASE_URL", "")
@@ -21,7 +29,7 @@ def scratch_django(name: str) -> str:
         import psycopg
 
         admin = base.rsplit("/", 1)[0] + "/postgres"
-        db = f"bench_{name}"
+        db = scratch_db_name(name, base)
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{db}"')

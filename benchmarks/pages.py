@@ -522,11 +522,11 @@ print(f"{label}: total {time.perf_counter() - t_start:.0f}s")
 db_name = str(settings.DATABASES["default"]["NAME"])
 connection.close()
 if os.environ.get("KEEP_DB") != "1":
-    if PG and db_name == "bench_pages":
+    if PG and db_name.startswith("bench_pages"):
         import psycopg
 
         with psycopg.connect(os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
-            admin.execute('DROP DATABASE IF EXISTS "bench_pages" WITH (FORCE)')
+            admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
     elif not PG and os.path.basename(os.path.dirname(db_name)).startswith("bench_pages_"):
         shutil.rmtree(os.path.dirname(db_name), ignore_errors=True)
 print(f"worst page p95 / bare keyset SELECT p95 at 1M rows (the literal ratio): {worst_ratio:.2f}")
