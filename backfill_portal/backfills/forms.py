@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django import forms
 
 from backfill_portal.backfills.choices import Cascade, Strategy
-from backfill_portal.backfills.services.requests import MAX_ACTIVE_INTERVALS_LIMIT
+from backfill_portal.backfills.models import MAX_ACTIVE_INTERVALS_LIMIT
 from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Job
 

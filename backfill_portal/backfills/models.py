@@ -13,6 +13,10 @@ from backfill_portal.backfills.choices import (
     Strategy,
 )
 
+# How many intervals of one request may be in flight at once (the form, the API and the
+# service all check this one bound).
+MAX_ACTIVE_INTERVALS_LIMIT = 64
+
 
 class BackfillRequest(models.Model):
     job = models.ForeignKey("catalog.Job", on_delete=models.PROTECT, related_name="backfill_requests")
@@ -27,7 +31,7 @@ class BackfillRequest(models.Model):
     interval_count = models.PositiveIntegerField(default=0)
     cascade = models.CharField(max_length=8, choices=Cascade.choices, default=Cascade.NONE)
     strategy = models.CharField(max_length=8, choices=Strategy.choices, default=Strategy.FORWARD)
-    max_active_intervals = models.PositiveIntegerField(default=4)
+    max_active_intervals = models.PositiveIntegerField(default=4)  # 1..MAX_ACTIVE_INTERVALS_LIMIT
     verify_twice = models.BooleanField(default=False)
     side_effects = models.ManyToManyField("catalog.Job", blank=True, related_name="authorising_requests")
     status = models.CharField(max_length=20, choices=RequestStatus.choices, default=RequestStatus.DRAFT)

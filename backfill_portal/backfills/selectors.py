@@ -6,7 +6,21 @@ from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus, RequestStatus, StepStatus
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, HandoffItem, Interval
-from backfill_portal.core.roles import Role, has_role
+from backfill_portal.backfills.policy import steps_decidable_by
+from backfill_portal.core.errors import NotFound
+
+
+def request_get(request_id) -> BackfillRequest:
+    """The request, or NotFound (a 404 from the API and the pages alike), with what its
+    services and pages read of it: the job, its dataset, owner, team and pool, the
+    requester and the frozen code version."""
+    try:
+        return (BackfillRequest.objects
+                .select_related("job__dataset__owner", "job__dataset__team", "job__pool", "requested_by",
+                                "code_version")
+                .get(pk=int(request_id)))
+    except (BackfillRequest.DoesNotExist, ValueError, TypeError):
+        raise NotFound(f"backfill request {request_id} does not exist") from None
 
 
 def request_list(*, user=None, mine: bool = False) -> QuerySet[BackfillRequest]:
@@ -67,11 +81,8 @@ def request_intervals(request: BackfillRequest) -> QuerySet[Interval]:
 def steps_waiting_for(user):
     """Pending steps this user may decide: theirs, or the admin steps when they are an
     admin. Never steps of their own requests (nobody approves their own request)."""
-    mine = Q(approver=user)
-    if has_role(user, Role.ADMIN):
-        mine |= Q(approver__isnull=True)
-    return (ApprovalStep.objects.filter(mine, status=StepStatus.PENDING, request__status=RequestStatus.PENDING_APPROVAL)
-            .exclude(request__requested_by=user)
+    return (ApprovalStep.objects.filter(steps_decidable_by(user), status=StepStatus.PENDING,
+                                        request__status=RequestStatus.PENDING_APPROVAL)
             .select_related("request__job__dataset", "request__requested_by", "dataset", "job")
             .order_by("request_id", "id"))
 

@@ -33,14 +33,16 @@ from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.choices import RequestStatus as R
+from backfill_portal.backfills import policy
 from backfill_portal.backfills.models import BackfillRequest, Interval, Reconciliation, ReconciliationRow, Verdict
+from backfill_portal.backfills.selectors import request_get
 from backfill_portal.catalog.calendar import partition_for
 from backfill_portal.backfills.transitions import request_transition
 from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Dataset, Job
+from backfill_portal.catalog.tolerances import BASELINE_WINDOW, DEFAULT_MEASURE_REL, DEFAULT_ROW_BAND
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
 from backfill_portal.core.models import AuditEvent
-from backfill_portal.core.roles import Role, deny, has_role
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import CheckResult, Run
@@ -49,9 +51,6 @@ from backfill_portal.warehouse.models import Consumption, Contamination, Publica
 from backfill_portal.warehouse.registry import get_warehouse, spec_for
 from backfill_portal.warehouse.services.profiles import current_many, measure_many, profile_many
 
-DEFAULT_ROW_BAND = 0.5
-DEFAULT_MEASURE_REL = 0.001
-BASELINE_WINDOW = 7
 _CHUNK = 500
 # A run whose version was published at some point (it may since have been replaced).
 _WAS_PUBLISHED = (RunStatus.PUBLISHED, RunStatus.SUPERSEDED, RunStatus.ROLLED_BACK)
@@ -61,13 +60,6 @@ _NOT_YET = (R.DRAFT, R.PENDING_APPROVAL, R.APPROVED, R.REJECTED)
 def _chunks(items: list, size: int = _CHUNK):
     for i in range(0, len(items), size):
         yield items[i:i + size]
-
-
-def _request(request_id) -> BackfillRequest:
-    try:
-        return BackfillRequest.objects.select_related("job__dataset__owner", "requested_by").get(pk=int(request_id))
-    except (BackfillRequest.DoesNotExist, ValueError, TypeError):
-        raise NotFound(f"backfill request {request_id} does not exist") from None
 
 
 # -- the numbers --------------------------------------------------------------------------
@@ -442,7 +434,7 @@ def reconciliation_compute(*, actor, request_id) -> Reconciliation:
     2. Compute every row from grouped queries; explanations already written are kept.
     3. Replace the rows, store the manifest and write one audit row, in one transaction.
     """
-    request = _request(request_id)
+    request = request_get(request_id)
     if request.status in _NOT_YET:
         raise ConflictError(f"request #{request.pk} is {request.status}; nothing ran yet to reconcile", field="status")
     signed = Reconciliation.objects.filter(request=request, signed_off_at__isnull=False).first()
@@ -467,7 +459,7 @@ def reconciliation_compute(*, actor, request_id) -> Reconciliation:
 
 def reconciliation_get(*, request_id, compute_missing: bool = True) -> Reconciliation:
     """The stored reconciliation; computed (as the system) the first time it is asked for."""
-    request = _request(request_id)
+    request = request_get(request_id)
     reconciliation = Reconciliation.objects.filter(request=request).select_related("request__job__dataset",
                                                                                     "signed_off_by").first()
     if reconciliation is None:
@@ -495,21 +487,9 @@ def reconciliation_rows(reconciliation: Reconciliation):
             .select_related("job", "dataset", "explained_by").order_by("job_id", "position"))
 
 
-def _can_review(actor, request: BackfillRequest) -> bool:
-    """The requester, the owner of any dataset the request rebuilds, on-call, admins."""
-    if actor.pk == request.requested_by_id or has_role(actor, Role.ONCALL, Role.ADMIN):
-        return True
-    owners = set(Dataset.objects.filter(job__in=Interval.objects.filter(request=request).values("job_id"))
-                 .values_list("owner_id", flat=True)) | {request.job.dataset.owner_id}
-    return actor.pk in owners
-
-
 def reconciliation_recompute(*, actor, request_id) -> Reconciliation:
-    request = _request(request_id)
-    if not _can_review(actor, request):
-        raise deny(actor=actor, action="reconciliation.compute", object_type="request", object_id=request.pk,
-                   request_id=request.pk,
-                   reason="recomputing needs the requester, the dataset owner, on-call or an admin")
+    request = request_get(request_id)
+    policy.require_review(actor, request, "reconciliation.compute")
     return reconciliation_compute(actor=actor, request_id=request.pk)
 
 
@@ -517,7 +497,7 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
                      job: str | None = None) -> ReconciliationRow:
     """A reviewer says why an interval's numbers differ. Refused when empty (400),
     outside `reconciling` (409) or for someone who is not a reviewer (403)."""
-    request = _request(request_id)
+    request = request_get(request_id)
     explanation = (explanation or "").strip()
     rows = (ReconciliationRow.objects.filter(request=request, partition_key=partition_key)
             .select_related("dataset", "job"))
@@ -525,10 +505,7 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
         rows = rows.filter(job__name=job)
     elif rows.count() > 1:
         rows = rows.filter(job=request.job)
-    if not _can_review(actor, request):
-        raise deny(actor=actor, action="reconciliation.explain", object_type="request", object_id=request.pk,
-                   request_id=request.pk,
-                   reason="explaining needs the requester, the dataset owner, on-call or an admin")
+    policy.require_review(actor, request, "reconciliation.explain")
     if not explanation:
         raise ValidationError("say why this interval's numbers differ; an empty explanation explains nothing",
                               field="explanation")
@@ -564,18 +541,6 @@ def _refresh_verdict_counts(request: BackfillRequest) -> None:
     Reconciliation.objects.filter(pk=reconciliation.pk).update(manifest=manifest)
 
 
-def _may_sign_off(actor, request: BackfillRequest) -> tuple[bool, str]:
-    owner_id = request.job.dataset.owner_id
-    if owner_id == request.requested_by_id:
-        # Separation of duties: the owner filed it, so an admin (not the owner) signs.
-        if has_role(actor, Role.ADMIN) and actor.pk != request.requested_by_id:
-            return True, ""
-        return False, "the target owner filed this request; an admin other than the requester signs it off"
-    if actor.pk == owner_id:
-        return True, ""
-    return False, f"only {request.job.dataset.owner.username}, the owner of {request.job.dataset.name}, signs off"
-
-
 def reconciliation_signoff(*, actor, request_id, comment: str = "") -> BackfillRequest:
     """The target owner signs off: reconciling -> completed.
 
@@ -584,11 +549,8 @@ def reconciliation_signoff(*, actor, request_id, comment: str = "") -> BackfillR
        the refusal names the intervals.
     3. Stamp the sign-off and move the request, with its audit row, in one transaction.
     """
-    request = _request(request_id)
-    allowed, why = _may_sign_off(actor, request)
-    if not allowed:
-        raise deny(actor=actor, action="reconciliation.signoff", object_type="request", object_id=request.pk,
-                   request_id=request.pk, dataset=request.job.dataset.name, reason=why)
+    request = request_get(request_id)
+    policy.require_sign_off(actor, request)
     if request.status != R.RECONCILING:
         raise ConflictError(f"request #{request.pk} is {request.status}; only a reconciling request is signed off",
                             field="status")

@@ -28,10 +28,11 @@ from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.models import BackfillRequest, Reconciliation
+from backfill_portal.backfills.policy import ROLLBACKABLE_REQUEST_STATES, request_rollback_datasets, require_roll_back
+from backfill_portal.backfills.selectors import request_get
 from backfill_portal.backfills.transitions import request_transition
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
-from backfill_portal.core.roles import Role, deny, has_role
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import RunStatus, RunType
 from backfill_portal.execution.models import Run
@@ -41,8 +42,6 @@ from backfill_portal.warehouse.models import Consumption, Contamination, Publica
 from backfill_portal.warehouse.registry import get_warehouse
 
 logger = logging.getLogger(__name__)
-
-ROLLBACKABLE_REQUEST_STATES = (RequestStatus.RECONCILING, RequestStatus.COMPLETED, RequestStatus.FAILED)
 
 
 @dataclass
@@ -95,15 +94,6 @@ def _in_effect(history: list[Publication], run_id: str) -> Publication | None:
 
 
 # -- permissions and input ----------------------------------------------------------------
-
-
-def _require_operator(actor, *, datasets: list[Dataset], action: str, request_id: int | None = None,
-                      object_type: str, object_id) -> None:
-    if has_role(actor, Role.ONCALL, Role.ADMIN) or all(d.owner_id == actor.pk for d in datasets):
-        return
-    raise deny(actor=actor, action=action, reason=f"{action} needs on-call, an admin or the dataset owner",
-               object_type=object_type, object_id=object_id, request_id=request_id,
-               dataset=datasets[0].name if datasets else "")
 
 
 def _reason(reason: str) -> str:
@@ -458,7 +448,7 @@ def partition_rollback(*, actor, dataset: str, partition_key: str, reason: str) 
     """Roll one partition back to its previous verified version. Returns the move,
     the consumers of the rolled-back version and the contaminated closure."""
     dataset_obj = _dataset(dataset)
-    _require_operator(actor, datasets=[dataset_obj], action="partition.rollback", object_type="partition",
+    require_roll_back(actor, [dataset_obj], action="partition.rollback", object_type="partition",
                       object_id=f"{dataset}/{partition_key}")
     reason = _reason(reason)
     move = _plan_partition(dataset_obj, partition_key)
@@ -476,9 +466,8 @@ def request_rollback(*, actor, request_id, reason: str) -> dict:
     3. Move all pointers (one warehouse transaction), mirror, record the closure,
        request -> rolled_back.
     """
-    request = _get_request(request_id)
-    datasets = list(Dataset.objects.filter(publications__request=request).distinct()) or [request.job.dataset]
-    _require_operator(actor, datasets=datasets, action="request.rollback", object_type="request",
+    request = request_get(request_id)
+    require_roll_back(actor, request_rollback_datasets(request), action="request.rollback", object_type="request",
                       object_id=request.pk, request_id=request.pk)
     reason = _reason(reason)
     if request.status == RequestStatus.ROLLED_BACK:
@@ -495,18 +484,11 @@ def request_rollback(*, actor, request_id, reason: str) -> dict:
             "impact": closure_entries(_closure_of(request=request))}
 
 
-def _get_request(request_id) -> BackfillRequest:
-    try:
-        return BackfillRequest.objects.select_related("job__dataset__owner").get(pk=int(request_id))
-    except (BackfillRequest.DoesNotExist, TypeError, ValueError):
-        raise NotFound(f"backfill request {request_id} does not exist") from None
-
-
 def rollback_state(*, request_id=None, dataset: str | None = None, partition_key: str | None = None) -> dict:
     """What a rollback did: the rolled-back versions, their consumers, and the whole
     contaminated closure with where each entry stands (pending / rebuilt by #N)."""
     if request_id is not None:
-        request = _get_request(request_id)
+        request = request_get(request_id)
         versions = _rolled_back_versions(request=request)
         return {"request": request.pk, "status": request.status,
                 "rolled_back": [{"dataset": v.dataset.name, "partition_key": v.partition_key, "run_id": v.run.run_id}
@@ -579,8 +561,8 @@ def _file_rebuild(*, actor, rows, parent: BackfillRequest | None, label: str) ->
 def rollback_rebuild(*, actor, request_id) -> list[BackfillRequest]:
     """The one-click cascade after a request rollback: one request rebuilding the whole
     contaminated closure, parent = the rolled-back request."""
-    request = _get_request(request_id)
-    _require_operator(actor, datasets=[request.job.dataset], action="rollback.rebuild", object_type="request",
+    request = request_get(request_id)
+    require_roll_back(actor, [request.job.dataset], action="rollback.rebuild", object_type="request",
                       object_id=request.pk, request_id=request.pk)
     versions = _rolled_back_versions(request=request)
     if not versions:
@@ -595,7 +577,7 @@ def rollback_rebuild(*, actor, request_id) -> list[BackfillRequest]:
 
 def partition_rollback_rebuild(*, actor, dataset: str, partition_key: str) -> list[BackfillRequest]:
     dataset_obj = _dataset(dataset)
-    _require_operator(actor, datasets=[dataset_obj], action="rollback.rebuild", object_type="partition",
+    require_roll_back(actor, [dataset_obj], action="rollback.rebuild", object_type="partition",
                       object_id=f"{dataset}/{partition_key}")
     versions = _rolled_back_versions(dataset=dataset_obj, partition_key=partition_key)
     if not versions:

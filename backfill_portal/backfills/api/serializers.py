@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from backfill_portal.backfills.choices import Cascade, Strategy
-from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
+from backfill_portal.backfills.models import MAX_ACTIVE_INTERVALS_LIMIT, ApprovalStep, BackfillRequest, Interval
 
 INTERVALS_INLINE = 1000
 
@@ -16,7 +16,7 @@ class RequestCreateSerializer(serializers.Serializer):
     reason = serializers.CharField(allow_blank=True, max_length=4000)
     cascade = serializers.ChoiceField(choices=Cascade.choices, default=Cascade.NONE)
     strategy = serializers.ChoiceField(choices=Strategy.choices, default=Strategy.FORWARD)
-    max_active_intervals = serializers.IntegerField(default=4, min_value=1, max_value=64)
+    max_active_intervals = serializers.IntegerField(default=4, min_value=1, max_value=MAX_ACTIVE_INTERVALS_LIMIT)
     side_effects = serializers.ListField(child=serializers.CharField(max_length=128), default=list)
     verify_twice = serializers.BooleanField(default=False)
     idempotency_key = serializers.CharField(max_length=128, required=False, allow_null=True, default=None)

@@ -9,12 +9,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from backfill_portal.backfills import policy
 from backfill_portal.backfills.choices import Cascade
 from backfill_portal.backfills.models import BackfillRequest, HandoffItem
 from backfill_portal.catalog.lineage import covered_partitions
 from backfill_portal.catalog.choices import JobKind
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
-from backfill_portal.core.roles import deny
 from backfill_portal.core.services.audit import audit_record
 
 Status = HandoffItem.Status
@@ -63,9 +63,7 @@ def handoff_get(item_id) -> HandoffItem:
 
 
 def _check(*, actor, item: HandoffItem, to: str) -> None:
-    if item.owner_id != actor.pk:
-        raise deny(actor=actor, action=f"handoff.{to}", reason=f"this hand-off is for {item.owner.username}",
-                   object_type="handoff", object_id=item.pk, request_id=item.request_id, dataset=item.job.dataset.name)
+    policy.require_decide_handoff(actor, item, to=to)
     if item.status != Status.PENDING:
         raise ConflictError(f"hand-off #{item.pk} is already {item.status}", field="status")
     if timezone.now() > item.deadline:

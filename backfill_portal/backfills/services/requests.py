@@ -11,7 +11,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus, Strategy
-from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
+from backfill_portal.backfills import policy
+from backfill_portal.backfills.models import MAX_ACTIVE_INTERVALS_LIMIT, ApprovalStep, BackfillRequest, Interval
+from backfill_portal.backfills.selectors import request_get
 from backfill_portal.catalog.calendar import PlannedInterval, plan_intervals
 from backfill_portal.backfills.services.notifications import notify_approvers
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
@@ -25,22 +27,12 @@ from backfill_portal.backfills.transitions import (
 from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.lineage import LineageGraph, covered_partitions
 from backfill_portal.catalog.models import Job
-from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
-from backfill_portal.core.roles import Role, deny, has_role, require_role
+from backfill_portal.core.errors import ConflictError, ValidationError
 from backfill_portal.core.services.audit import audit_record
-
-MAX_ACTIVE_INTERVALS_LIMIT = 64
 
 
 def _payload_hash(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def request_get(request_id) -> BackfillRequest:
-    try:
-        return BackfillRequest.objects.select_related("job__dataset__owner", "requested_by").get(pk=int(request_id))
-    except (BackfillRequest.DoesNotExist, ValueError, TypeError):
-        raise NotFound(f"backfill request {request_id} does not exist") from None
 
 
 def backfill_request_create(
@@ -71,7 +63,7 @@ def backfill_request_create(
        rebuilds, and its downstream follows the longer span.
     4. Persist request + intervals + audit row (with the exclusions) in one transaction.
     """
-    require_role(actor, Role.REQUESTER, Role.OWNER, Role.ONCALL, Role.ADMIN, action="request.create")
+    policy.require_create(actor)
     errors: dict[str, list[str]] = {}
     job_obj = Job.objects.select_related("dataset", "current_code_version").filter(name=job).first()
     if job_obj is None:
@@ -365,9 +357,7 @@ def backfill_request_submit(*, actor, request_id, confirm_overlap: bool = False)
        generate the approval steps, move draft -> pending_approval with its audit row.
     """
     request = request_get(request_id)
-    if request.requested_by_id != actor.pk and not has_role(actor, Role.ADMIN):
-        raise deny(actor=actor, action="request.submit", reason="only the requester can submit a request",
-                   object_type="request", object_id=request.pk, request_id=request.pk)
+    policy.require_submit(actor, request)
     if request.status != RequestStatus.DRAFT:
         raise ConflictError(f"request #{request.pk} is {request.status}; only a draft can be submitted", field="status")
     code_version = request.job.current_code_version
@@ -426,19 +416,7 @@ def approval_step_decide(*, actor, step: ApprovalStep, approve: bool, comment: s
     """Approve or reject one step. The request follows: approved when every step is,
     rejected on the first rejection (its other steps are cancelled)."""
     request = step.request
-    action = "approval.approve" if approve else "approval.reject"
-    if actor.pk == request.requested_by_id:
-        raise deny(actor=actor, action=action, reason="nobody approves a step of their own request",
-                   object_type="approval_step", object_id=step.pk, request_id=request.pk)
-    if step.approver_id is None:
-        if not has_role(actor, Role.ADMIN):
-            raise deny(actor=actor, action=action, reason="this step is decided by an admin",
-                       object_type="approval_step", object_id=step.pk, request_id=request.pk)
-    elif step.approver_id != actor.pk:
-        raise deny(actor=actor, action=action,
-                   reason=f"this step is for {step.approver.username}, the owner of {step.dataset.name}",
-                   object_type="approval_step", object_id=step.pk, request_id=request.pk,
-                   dataset=step.dataset.name if step.dataset_id else "")
+    policy.require_decide_step(actor, step, approve=approve)
     if not approve and not (comment or "").strip():
         raise ValidationError("say why you reject, so the requester can fix it", field="comment")
     if step.status != StepStatus.PENDING:
@@ -470,16 +448,11 @@ def backfill_request_decide(*, actor, request_id, approve: bool, comment: str = 
     """Request-level approve/reject: decides the pending steps this actor may decide."""
     request = request_get(request_id)
     steps = [s for s in request.approval_steps.select_related("dataset", "approver").filter(status=StepStatus.PENDING)]
-    mine = [s for s in steps if s.approver_id == actor.pk or (s.approver_id is None and has_role(actor, Role.ADMIN))]
+    mine = [s for s in steps if policy.is_step_approver(actor, s)]
     if not mine:
         if request.status != RequestStatus.PENDING_APPROVAL:
             raise ConflictError(f"request #{request.pk} is {request.status}; it is not waiting for approval", field="status")
-        if actor.pk == request.requested_by_id:
-            reason = "nobody approves a step of their own request"
-        else:
-            reason = "no approval step of this request is yours to decide"
-        raise deny(actor=actor, action="approval.approve" if approve else "approval.reject", reason=reason,
-                   object_type="request", object_id=request.pk, request_id=request.pk)
+        policy.require_decide_request(actor, request, mine, approve=approve)
     for step in mine:
         step.request = request
         approval_step_decide(actor=actor, step=step, approve=approve, comment=comment)
@@ -492,9 +465,7 @@ def backfill_request_decide(*, actor, request_id, approve: bool, comment: str = 
 def backfill_request_cancel(*, actor, request_id, reason: str = "") -> BackfillRequest:
     """Cancel: the requester, on-call or an admin. Open intervals are cancelled with it."""
     request = request_get(request_id)
-    if request.requested_by_id != actor.pk and not has_role(actor, Role.ONCALL, Role.ADMIN):
-        raise deny(actor=actor, action="request.cancel", reason="only the requester, on-call or an admin can cancel",
-                   object_type="request", object_id=request.pk, request_id=request.pk)
+    policy.require_operate(actor, request, "request.cancel")
     with transaction.atomic():
         request_transition(request, to=RequestStatus.CANCELLED, actor=actor, reason=reason, action="request.cancel")
         for step in ApprovalStep.objects.filter(request=request, status=StepStatus.PENDING):

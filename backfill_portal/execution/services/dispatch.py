@@ -14,11 +14,12 @@ from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.choices import RequestStatus as R
 from backfill_portal.backfills.choices import Cascade, Strategy
 from backfill_portal.backfills.models import BackfillRequest, Interval
+from backfill_portal.backfills.policy import require_operate
+from backfill_portal.backfills.selectors import request_get
 from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition, request_transition
 from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Job
-from backfill_portal.core.errors import ConflictError, NotFound
-from backfill_portal.core.roles import Role, deny, has_role
+from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.rows import insert_row
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
@@ -118,16 +119,9 @@ def free_slots(job: Job, *, production: bool) -> int:
                       pool_limit - active["of_pool"]))
 
 
-def request_get_for_update(request_id) -> BackfillRequest:
-    try:
-        return BackfillRequest.objects.select_related("job__dataset__team", "job__pool").get(pk=int(request_id))
-    except (BackfillRequest.DoesNotExist, TypeError, ValueError):
-        raise NotFound(f"backfill request {request_id} does not exist") from None
-
-
 def request_start_after_approval(*, request_id: int) -> None:
     with transaction.atomic():
-        request = request_get_for_update(request_id)
+        request = request_get(request_id)
         if request.status != R.APPROVED:
             return
         request_transition(request, to=R.RUNNING, actor=None, reason="all approval steps approved",
@@ -218,7 +212,7 @@ def dispatch_request(*, request_id: int) -> int:
     created = 0
     with transaction.atomic():
         _serialise_dispatch()
-        request = request_get_for_update(request_id)
+        request = request_get(request_id)
         if request.status != R.RUNNING or request.paused:
             return 0
         if warehouse_outage_current() is not None:
@@ -306,16 +300,9 @@ def request_reached_reconciling(request_id: int) -> None:
     request_reconciling(request_id)
 
 
-def _require_operator(actor, request: BackfillRequest, action: str) -> None:
-    if request.requested_by_id == actor.pk or has_role(actor, Role.ONCALL, Role.ADMIN):
-        return
-    raise deny(actor=actor, action=action, reason=f"{action} needs the requester, on-call or an admin",
-               object_type="request", object_id=request.pk, request_id=request.pk)
-
-
 def request_pause(*, actor, request_id) -> BackfillRequest:
-    request = request_get_for_update(request_id)
-    _require_operator(actor, request, "request.pause")
+    request = request_get(request_id)
+    require_operate(actor, request, "request.pause")
     with transaction.atomic():
         claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=False).update(paused=True)
         if claimed != 1:
@@ -329,8 +316,8 @@ def request_pause(*, actor, request_id) -> BackfillRequest:
 
 def request_resume(*, actor, request_id) -> BackfillRequest:
     """Resume a paused request (dispatch again) or retry a failed one."""
-    request = request_get_for_update(request_id)
-    _require_operator(actor, request, "request.resume")
+    request = request_get(request_id)
+    require_operate(actor, request, "request.resume")
     if request.status == R.FAILED:
         return request_retry_failed(actor=actor, request_id=request_id)
     with transaction.atomic():
@@ -348,8 +335,8 @@ def request_resume(*, actor, request_id) -> BackfillRequest:
 def request_retry_failed(*, actor, request_id) -> BackfillRequest:
     """Failed runs get new attempts on the same frozen code version; published
     intervals are left alone."""
-    request = request_get_for_update(request_id)
-    _require_operator(actor, request, "request.retry_failed")
+    request = request_get(request_id)
+    require_operate(actor, request, "request.retry_failed")
     if request.status not in (R.FAILED, R.RUNNING):
         raise ConflictError(f"request #{request.pk} is {request.status}; only a failed or running request "
                             "can retry its failed intervals", field="status")

@@ -27,6 +27,7 @@ from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import CheckResult, Run
 from backfill_portal.execution.services.dispatch import dispatch_request, enqueue_execute, enqueue_verify
+from backfill_portal.catalog.tolerances import BASELINE_WINDOW, DEFAULT_MEASURE_REL, DEFAULT_ROW_BAND
 from backfill_portal.execution.services.runs import Heartbeat, _interval_failed, run_get
 from backfill_portal.execution.transitions import run_transition
 from backfill_portal.warehouse.adapter import PublishConflict
@@ -35,7 +36,6 @@ from backfill_portal.warehouse.registry import get_warehouse, spec_for
 from backfill_portal.warehouse.services.outage import warehouse_outage_confirm
 
 logger = logging.getLogger(__name__)
-BASELINE_WINDOW = 7
 
 
 @dataclass
@@ -66,7 +66,7 @@ def compute_checks(run: Run, warehouse) -> list[Check]:
     checks = [Check("row_count_positive", profile.row_count > 0, observed={"rows": profile.row_count},
                     message="" if profile.row_count > 0 else "the version has no rows")]
     baseline = trailing_baseline(run)
-    band = float(tol.get("row_band", 0.5))
+    band = float(tol.get("row_band", DEFAULT_ROW_BAND))
     if baseline:
         low, high = baseline * (1 - band), baseline * (1 + band)
         ok = low <= profile.row_count <= high
@@ -99,7 +99,7 @@ def compute_checks(run: Run, warehouse) -> list[Check]:
             expected = warehouse.db.query(f"SELECT * FROM ({sql}) AS q")[0][0]
             expected = float(expected or 0)
             actual = float(profile.measure_sum or 0)
-            rel = float(tol.get("measure_rel", 0.001))
+            rel = float(tol.get("measure_rel", DEFAULT_MEASURE_REL))
             ok = abs(actual - expected) <= rel * max(abs(expected), 1.0)
             checks.append(Check("measure_vs_source", ok, observed={"measure": dataset.core_measure, "version": actual,
                                                                     "source": expected, "tolerance": rel},
