@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -158,6 +159,9 @@ MIDDLEWARE = [
     # right after SecurityMiddleware, as its docs ask, so they skip the rest of the stack.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "backfill_portal.core.security.ContentSecurityPolicyMiddleware",
+    # Before anything looks up a session, user or token: with a connection pool the
+    # request takes its connection here, or is a 503 with Retry-After.
+    "backfill_portal.core.middleware.MetadataConnectionMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -188,7 +192,44 @@ TEMPLATES = [
 ]
 
 
-def _database(url: str) -> dict:
+def process_kind(argv: list[str]) -> str:
+    """What this process is, as far as its metadata connections go: `web` (gunicorn,
+    `manage.py runserver`: threads serve requests at once), `worker` (`celery ...
+    worker`: each process runs a task, plus an attempt's heartbeat thread), or `command`
+    (everything else: a management command, the scheduler, a shell, the test run),
+    which makes one connection and must fail at once with the server's own words."""
+    if not argv:
+        return "command"
+    program = Path(argv[0])
+    name = program.parent.name if program.name == "__main__.py" else program.name  # python -m ...
+    if name == "gunicorn" or (name in ("manage.py", "django-admin") and argv[1:2] == ["runserver"]):
+        return "web"
+    if name == "celery" and "worker" in argv[1:]:
+        return "worker"
+    return "command"
+
+
+def pool_settings() -> tuple[int, float]:
+    """(DATABASE_POOL_MAX_SIZE, DATABASE_POOL_TIMEOUT), checked."""
+    max_size = env_int("DATABASE_POOL_MAX_SIZE", 4)
+    timeout = env_float("DATABASE_POOL_TIMEOUT", 10.0)
+    if max_size < 0:
+        raise ImproperlyConfigured(f"DATABASE_POOL_MAX_SIZE={max_size} must be 0 (no pool) or more")
+    if max_size and timeout == 0:
+        raise ImproperlyConfigured("DATABASE_POOL_TIMEOUT must be more than 0 seconds")
+    return max_size, timeout
+
+
+PROCESS_KIND = process_kind(sys.argv)
+# Web and worker processes take their metadata connections from a pool of at most
+# DATABASE_POOL_MAX_SIZE per process (Django's psycopg pool, PostgreSQL only): threads
+# beyond it wait up to DATABASE_POOL_TIMEOUT seconds for one, then the request is a 503
+# with Retry-After (core/middleware.py). 0: no pool, a connection per thread kept for
+# DATABASE_CONN_MAX_AGE, as management commands always have. README: "Connections".
+DATABASE_POOL_MAX_SIZE, DATABASE_POOL_TIMEOUT = pool_settings()
+
+
+def database_config(url: str, process: str = "command") -> dict:
     try:
         # Connections persist between requests and tasks (for tasks see
         # CELERY_DB_REUSE_MAX), checked before reuse so a server restart costs a
@@ -204,6 +245,21 @@ def _database(url: str) -> dict:
         # (DATABASE_PREPARED=0) behind a pooler in transaction mode, which cannot keep
         # prepared statements.
         config["OPTIONS"] = {**config.get("OPTIONS", {}), "server_side_binding": True, "prepare_threshold": 5}
+    pool_max_size, pool_timeout = pool_settings()
+    if config["ENGINE"] == "django.db.backends.postgresql" and process in ("web", "worker") and pool_max_size:
+        # A connection per thread is unbounded under a threaded server (each
+        # runserver request is a new thread). With the pool a request's or task's
+        # connection goes back to it at the end (Django closes it: CONN_MAX_AGE must
+        # be 0) and the next one reuses it, prepared statements included. Per process:
+        # a Celery prefork child gets its own, as Celery's Django fixup closes the
+        # pool in the parent before forking and again in each child after the fork.
+        if process == "worker" and pool_max_size < 2:
+            raise ImproperlyConfigured(f"DATABASE_POOL_MAX_SIZE={pool_max_size} is too small for a worker: "
+                                       "a task and its attempt's heartbeat need 2")
+        config["CONN_MAX_AGE"] = 0
+        config["OPTIONS"] = {**config.get("OPTIONS", {}), "pool": {
+            "min_size": 1, "max_size": pool_max_size, "timeout": pool_timeout,
+            "name": f"metadata-{process}"}}
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # Web server and workers share the file: WAL lets readers run beside the
         # writer, IMMEDIATE takes the write lock at BEGIN so two writers queue on
@@ -217,7 +273,7 @@ def _database(url: str) -> dict:
 
 
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'portal.sqlite3'}")
-DATABASES = {"default": _database(DATABASE_URL)}
+DATABASES = {"default": database_config(DATABASE_URL, PROCESS_KIND)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # The warehouse is a second database reached only through the adapter
