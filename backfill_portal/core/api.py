@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from backfill_portal.core.errors import ApplicationError
-from backfill_portal.core.middleware import is_api_path
+from backfill_portal.core.middleware import database_busy_response, is_api_path, is_pool_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ def exception_handler(exc, context):
         return response
     if isinstance(exc, (Http404, DjangoPermissionDenied)):
         return drf_exception_handler(exc, context)
+    if is_pool_timeout(exc):  # no metadata connection free: a 503 to retry, not an error
+        return database_busy_response(context["request"])
     # Never a traceback to the user: log it, answer with a generic 500 body.
     logger.exception("unhandled API error")
     return Response({"detail": "internal error; it has been logged", "code": "error"},

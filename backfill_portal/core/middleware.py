@@ -1,9 +1,12 @@
 """Request guards that run before any view touches the database."""
 from __future__ import annotations
 
+import logging
 from urllib.parse import unquote_to_bytes
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+
+logger = logging.getLogger(__name__)
 
 NUL_MESSAGE = "a NUL character (%00) is not allowed in the path, the query string or a header"
 
@@ -36,3 +39,70 @@ class RejectNulBytesMiddleware:
                 return JsonResponse({"detail": NUL_MESSAGE, "code": "invalid"}, status=400)
             return HttpResponseBadRequest(f"Bad request: {NUL_MESSAGE}.\n", content_type="text/plain; charset=utf-8")
         return self.get_response(request)
+
+
+# Paths that answer without the metadata connection a request would otherwise take
+# first: liveness touches no database; readiness checks it itself and says so.
+WITHOUT_CONNECTION = ("/healthz", "/readyz")
+
+
+def is_pool_timeout(exc: BaseException | None) -> bool:
+    """Whether `exc` is the connection pool's "no connection free within
+    DATABASE_POOL_TIMEOUT" (Django raises its OperationalError from psycopg_pool's
+    PoolTimeout). With a pool that is also what an unreachable server looks like."""
+    from psycopg_pool import PoolTimeout
+
+    while exc is not None:
+        if isinstance(exc, PoolTimeout):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def database_busy_response(request: HttpRequest) -> HttpResponse:
+    """503 with Retry-After: the request changed nothing, the same request later may pass."""
+    from django.conf import settings
+    from django.template.loader import render_to_string
+
+    seconds = settings.DATABASE_POOL_TIMEOUT
+    message = (f"the portal is busy: no metadata database connection became free within {seconds:g} s "
+               "(every one of this process's connections is in use, or the database does not answer); "
+               "nothing was changed, try again shortly")
+    if is_api_path(request.path):
+        response = JsonResponse({"detail": message, "code": "database_busy"}, status=503)
+    else:
+        response = HttpResponse(render_to_string("503.html", {"message": message}), status=503)
+    response["Retry-After"] = str(max(1, round(seconds)))
+    return response
+
+
+class MetadataConnectionMiddleware:
+    """With a connection pool (web processes on PostgreSQL: settings.database_config),
+    a request takes its metadata connection here, before the session, the user or a
+    token is looked up: it either has one for the rest of the request (Django hands it
+    back when the request ends) or is a 503 naming the cause, never a 500 from
+    whichever lookup came first. Without a pool (SQLite, management commands) it does
+    nothing."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        from django.db import OperationalError, connection
+
+        if getattr(connection, "pool", None) is not None and request.path not in WITHOUT_CONNECTION:
+            try:
+                connection.ensure_connection()
+            except OperationalError as exc:
+                if not is_pool_timeout(exc):
+                    raise
+                logger.warning("503 for %s %s: %s", request.method, request.path, exc)
+                return database_busy_response(request)
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        # A view that gave its connection back and waited in vain for another.
+        if is_pool_timeout(exception):
+            logger.warning("503 for %s %s: %s", request.method, request.path, exception)
+            return database_busy_response(request)
+        return None
