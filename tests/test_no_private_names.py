@@ -32,8 +32,6 @@ DOTTED = re.compile(rf"^{PACKAGE}(\.\w+)+$")
 ALLOWED: set[tuple[str, str]] = {
     # "backends": the adapter's numbers of a version, asked by a private method.
     ("tests/warehouse/test_adapter.py", "_numbers"),
-    # "pool": settings._database becomes the public settings.database_config.
-    ("tests/core/test_settings.py", "_database"),
 }
 
 
