@@ -1,12 +1,12 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from backfill_portal.backfills.api.views import RequestViewSet
-from backfill_portal.backfills.api.governance import ApprovalStepViewSet, HandoffViewSet
-from backfill_portal.catalog.api.views import DatasetViewSet, JobViewSet, lineage
-from backfill_portal.core.api_views import AuditEventViewSet, TokenObtainView, TokenRevokeView
-from backfill_portal.execution.api.views import RunViewSet
-from backfill_portal.warehouse.api import partition_detail, partition_rollback_rebuild_view, partition_rollback_view
+from backfill_portal.web.api.requests import RequestViewSet
+from backfill_portal.web.api.governance import ApprovalStepViewSet, HandoffViewSet
+from backfill_portal.web.api.catalog import DatasetViewSet, JobViewSet, lineage
+from backfill_portal.web.api.audit_and_tokens import AuditEventViewSet, TokenObtainView, TokenRevokeView
+from backfill_portal.web.api.runs import RunViewSet
+from backfill_portal.web.api.partitions import partition_detail, partition_rollback_rebuild_view, partition_rollback_view
 import backfill_portal.core.converters  # noqa: F401  (registers <dataset:…> and <partition:…>)
 
 router = DefaultRouter()

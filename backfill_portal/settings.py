@@ -148,6 +148,7 @@ INSTALLED_APPS = [
     "backfill_portal.execution",
     "backfill_portal.warehouse",
     "backfill_portal.recovery",
+    "backfill_portal.web",
 ]
 
 MIDDLEWARE = [
@@ -186,6 +187,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "backfill_portal.web.context_processors.navigation",
             ],
         },
     },

@@ -53,7 +53,7 @@ from backfill_portal.backfills import tasks as backfill_tasks  # noqa: E402, F40
 from backfill_portal.execution import tasks  # noqa: E402, F401
 from backfill_portal.recovery import tasks as recovery_tasks  # noqa: E402, F401
 from backfill_portal.execution.executors import source_sql  # noqa: E402
-from backfill_portal.warehouse.demo_data import load_demo_sources  # noqa: E402
+from backfill_portal.web.demo.sources import load_demo_sources  # noqa: E402
 from backfill_portal.warehouse.registry import get_warehouse  # noqa: E402
 
 settings.DEBUG = False  # as deployed: no per-query logging

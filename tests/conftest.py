@@ -395,7 +395,7 @@ def demo_sources(warehouse):
     """Small, deterministic source data for 2022-09-28 .. 2022-10-08."""
     from datetime import date
 
-    from backfill_portal.warehouse.demo_data import load_demo_sources
+    from backfill_portal.web.demo.sources import load_demo_sources
 
     return load_demo_sources(warehouse.db, first=date(2022, 9, 28), last=date(2022, 10, 8),
                              orders_per_day=150, page_views_per_hour=20)

@@ -77,7 +77,7 @@ def test_an_unexpected_error_is_a_json_500_without_a_traceback(api, monkeypatch)
     def broken(**kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr("backfill_portal.backfills.api.views.request_list", broken)
+    monkeypatch.setattr("backfill_portal.web.api.requests.request_list", broken)
     response = api("alice").get("/api/requests/")
     assert response.status_code == 500
     body = response.json()

@@ -30,7 +30,7 @@ def request_list(*, user=None, mine: bool = False) -> QuerySet[BackfillRequest]:
     return qs
 
 
-# What a row of the request tables shows (the request_rows filter, core/templatetags/tables.py).
+# What a row of the request tables shows (the request_rows filter, web/templatetags/tables.py).
 _ROW_FIELDS = ("id", "job__name", "first_partition", "last_partition", "interval_count", "status", "paused",
                "requested_by__username", "requested_at")
 

@@ -1,5 +1,5 @@
 """Application errors. Services raise these; the API and the views map them to
-HTTP codes in one place (core.api.exception_handler, core.views helpers)."""
+HTTP codes in one place (core.api.exception_handler, core.web helpers)."""
 from __future__ import annotations
 
 

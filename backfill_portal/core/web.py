@@ -26,23 +26,10 @@ def is_htmx(request: HttpRequest) -> bool:
 
 
 def render_page(request: HttpRequest, template: str, context: dict | None = None, *, status: int = 200) -> HttpResponse:
-    """Render a template with what base.html needs (the user's roles and the count of
-    the approvals inbox, one query) added."""
-    ctx = {"nav_roles": sorted(user_roles(request.user)), "nav_inbox": inbox_count(request.user), **(context or {})}
+    """Render a template with the user's roles (base.html's navigation) added; the
+    approvals inbox count comes from web.context_processors.navigation."""
+    ctx = {"nav_roles": sorted(user_roles(request.user)), **(context or {})}
     return render(request, template, ctx, status=status)
-
-
-def inbox_count(user) -> int | None:
-    """How many approval steps and hand-off items wait for this user, in one query
-    (a UNION ALL of the two id lists, counted by the database)."""
-    if not getattr(user, "is_authenticated", False):
-        return None
-    # Imported here: core is loaded before the apps that build on it.
-    from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
-
-    steps = steps_waiting_for(user).order_by().values_list("pk")
-    handoffs = handoffs_waiting_for(user).order_by().values_list("pk")
-    return steps.union(handoffs, all=True).count()
 
 
 def redirect_after_post(request: HttpRequest, to: str) -> HttpResponse:

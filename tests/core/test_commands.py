@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.apps import apps
 
 from backfill_portal.core.management.base import PortalCommand
 
@@ -110,9 +111,9 @@ def test_run_portal_whose_web_server_cannot_start_stops_the_rest_and_exits_non_z
 
 def test_every_project_command_is_a_portal_command():
     found = []
-    for app in ("core", "catalog", "backfills", "execution", "warehouse"):
+    for app in (config.name for config in apps.get_app_configs() if config.name.startswith("backfill_portal.")):
         try:
-            package = importlib.import_module(f"backfill_portal.{app}.management.commands")
+            package = importlib.import_module(f"{app}.management.commands")
         except ModuleNotFoundError:
             continue
         for info in pkgutil.iter_modules(package.__path__):

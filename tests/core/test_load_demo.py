@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
 
-from backfill_portal.core.management.commands.load_demo import DEMO_USERS, demo_logins_note
+from backfill_portal.web.management.commands.load_demo import DEMO_USERS, demo_logins_note
 
 EVERYONE = set(DEMO_USERS) | {"admin"}
 

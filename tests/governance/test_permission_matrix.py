@@ -18,7 +18,7 @@ The expected cells are derived from the services (the one place that decides):
                   every dataset involved (partition and request alike)
 - sign off        recovery.reconciliation._may_sign_off: the target owner (an admin only
                   when the owner filed the request themselves)
-- read audit      core.api_views.AuditEventViewSet / core.views.audit: every authenticated user;
+- read audit      web.api.audit_and_tokens.AuditEventViewSet / web.pages.home.audit: every authenticated user;
                   anonymous is refused (API) or sent to the login page (web)
 
 Where the code disagrees with DESIGN.md's doctrine, the cell is written per the doctrine and
@@ -350,7 +350,7 @@ def test_request_and_approval_matrix(people, action, role, allowed, channels):
 @pytest.fixture
 def pipeline(people, warehouse, task_queue):
     """Source data for the Shanghai day DAY (the UTC days around it), small."""
-    from backfill_portal.warehouse.demo_data import load_demo_sources
+    from backfill_portal.web.demo.sources import load_demo_sources
 
     load_demo_sources(warehouse.db, first=date(2022, 9, 30), last=date(2022, 10, 2), orders_per_day=20,
                       page_views_per_hour=1)

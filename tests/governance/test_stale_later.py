@@ -22,7 +22,7 @@ from backfill_portal.core.errors import ValidationError
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Run
-from backfill_portal.warehouse.demo_data import correct_source_day
+from backfill_portal.web.demo.sources import correct_source_day
 from backfill_portal.warehouse.models import Consumption
 from tests.conftest import TEST_CATALOG
 

@@ -16,7 +16,7 @@ from backfill_portal.recovery.reconciliation import (
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.models import Run
-from backfill_portal.warehouse.demo_data import correct_source_day
+from backfill_portal.web.demo.sources import correct_source_day
 from tests.reconciliation.helpers import DOUBLED_SQL, deploy, run_request
 
 pytestmark = pytest.mark.django_db(transaction=True)

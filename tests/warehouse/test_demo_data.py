@@ -1,5 +1,5 @@
-"""The synthetic demo sources (warehouse/demo_data.py) and the demo catalog's SQL
-(catalog/demo_catalog.yaml), on SQLite and, when reachable, PostgreSQL 15.
+"""The synthetic demo sources (web/demo/sources.py) and the demo catalog's SQL
+(web/demo/catalog.yaml), on SQLite and, when reachable, PostgreSQL 15.
 
 The templates are rendered here by a small stand-in for the executor: `ref()` of a
 source is its rows in the data interval, `ref()` of a produced dataset is that
@@ -21,9 +21,9 @@ import yaml
 
 import backfill_portal
 from backfill_portal.catalog.choices import COLUMN_TYPES
-from backfill_portal.warehouse import demo_data
+from backfill_portal.web.demo import sources as demo_data
 from backfill_portal.warehouse.db import WarehouseDB
-from backfill_portal.warehouse.demo_data import (
+from backfill_portal.web.demo.sources import (
     ORDER_EVENTS,
     PAGE_EVENTS,
     correct_source_day,
@@ -32,7 +32,7 @@ from backfill_portal.warehouse.demo_data import (
 )
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-CATALOG_PATH = Path(backfill_portal.__file__).parent / "catalog" / "demo_catalog.yaml"
+CATALOG_PATH = Path(backfill_portal.__file__).parent / "web" / "demo" / "catalog.yaml"
 DEMO_USERS = {"alice", "olivia", "sam", "rita", "finn", "oscar", "audrey", "admin"}
 
 # Three Shanghai business days; New York falls back on Sunday 2022-11-06 (a 25-hour day).

@@ -36,7 +36,7 @@ def test_dataset_page_lists_partitions_latest_first_with_their_current_version(w
     assert "warehouse differs" not in html
     assert f'href="/requests/{bad.pk}/">#{bad.pk}</a>' in html
     # keyset pagination on the partition key
-    monkeypatch.setattr("backfill_portal.warehouse.views.PARTITIONS_PER_PAGE", 1)
+    monkeypatch.setattr("backfill_portal.web.pages.datasets.PARTITIONS_PER_PAGE", 1)
     first = web("alice").get(DATASET).content.decode()
     assert "partitions/2022-10-02/" in first and "partitions/2022-10-01/" not in first
     assert 'href="?before=2022-10-02"' in first

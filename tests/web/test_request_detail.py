@@ -251,7 +251,7 @@ def test_more_than_2000_intervals_show_one_cell_per_local_day(web, make_request)
 
 
 def test_grid_cells_built_in_python_escape_what_they_show():
-    from backfill_portal.backfills.views.requests import cells_html
+    from backfill_portal.web.pages.requests import cells_html
 
     html = cells_html([("published", 'job<x> "2022-10-01" & more'), ('a"b', "t")])
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from django.urls import reverse
 
-from backfill_portal.core.templatetags.tables import audit_rows, request_rows, url_filler
+from backfill_portal.web.templatetags.tables import audit_rows, request_rows, url_filler
 
 AT = datetime(2024, 3, 5, 7, 8, 9, tzinfo=timezone.utc)
 

@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 
 from backfill_portal.core.management.base import PortalCommand
 
-from backfill_portal.core.management.commands.load_demo import demo_logins_note
+from backfill_portal.web.management.commands.load_demo import demo_logins_note
 
 
 class Command(PortalCommand):

@@ -1,4 +1,4 @@
-"""Synthetic SOURCE data for the demo catalog (`catalog/demo_catalog.yaml`).
+"""Synthetic SOURCE data for the demo catalog (`web/demo/catalog.yaml`).
 
 Two plain, unversioned source tables that jobs read directly:
 

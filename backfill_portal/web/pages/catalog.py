@@ -1,5 +1,5 @@
 """Catalog pages: datasets and jobs, one job's code versions with diffs, and the lineage
-page (its drawing: catalog.picture)."""
+page (its drawing: web.picture)."""
 from __future__ import annotations
 
 import difflib
@@ -9,7 +9,7 @@ from django.contrib.auth.decorators import login_required
 
 from backfill_portal.catalog.lineage import LineageGraph
 from backfill_portal.catalog.models import CodeVersion, Job
-from backfill_portal.catalog.picture import lineage_inputs, lineage_picture
+from backfill_portal.web.picture import lineage_inputs, lineage_picture
 from backfill_portal.catalog.selectors import dataset_list, job_list
 from backfill_portal.core.errors import NotFound, ValidationError
 from backfill_portal.core.web import application_errors, parse_int, render_page

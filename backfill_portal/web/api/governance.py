@@ -4,7 +4,7 @@ from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from backfill_portal.backfills.api.serializers import ApprovalStepSerializer, CommentSerializer
+from backfill_portal.web.api.serializers.requests import ApprovalStepSerializer, CommentSerializer
 from backfill_portal.backfills.models import ApprovalStep, HandoffItem
 from backfill_portal.backfills.services.handoff import handoff_accept, handoff_decline
 from backfill_portal.backfills.selectors import steps_waiting_for

@@ -4,7 +4,7 @@ from rest_framework.decorators import api_view
 from rest_framework.response import Response
 from rest_framework.pagination import LimitOffsetPagination
 
-from backfill_portal.catalog.api.serializers import DatasetSerializer, JobDetailSerializer, JobSerializer
+from backfill_portal.web.api.serializers.catalog import DatasetSerializer, JobDetailSerializer, JobSerializer
 from backfill_portal.catalog.selectors import dataset_list, job_list, lineage_expand
 
 

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
 from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus
-from backfill_portal.backfills.forms import (
+from backfill_portal.web.forms.requests import (
     DecisionForm,
     ReasonForm,
     RequestForm,

@@ -26,7 +26,7 @@ from backfill_portal.core.web import (
     redirect_after_post,
     render_page,
 )
-from backfill_portal.warehouse.forms import RollbackForm
+from backfill_portal.web.forms.partitions import RollbackForm
 from backfill_portal.warehouse.models import Contamination, Publication
 from backfill_portal.warehouse.registry import get_warehouse
 from backfill_portal.warehouse.selectors import partition_state

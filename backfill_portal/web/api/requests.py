@@ -4,7 +4,7 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from backfill_portal.backfills.api.serializers import (
+from backfill_portal.web.api.serializers.requests import (
     CommentSerializer,
     ReasonSerializer,
     RequestCreateSerializer,
@@ -28,7 +28,7 @@ from backfill_portal.backfills.services.requests import (
     request_get,
 )
 from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
-from backfill_portal.backfills.api.reconciliation import (
+from backfill_portal.web.api.reconciliation import (
     ExplainSerializer,
     ReconciliationCSVRenderer,
     ReconciliationRowSerializer,

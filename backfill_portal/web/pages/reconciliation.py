@@ -10,10 +10,10 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from backfill_portal.backfills.choices import RequestStatus
-from backfill_portal.backfills.forms import ExplainForm, SignoffForm
+from backfill_portal.web.forms.requests import ExplainForm, SignoffForm
 from backfill_portal.backfills.models import BackfillRequest, Reconciliation, ReconciliationRow
-from backfill_portal.backfills.views.approvals import form_errors
-from backfill_portal.backfills.views.requests import request_or_404
+from backfill_portal.web.pages.approvals import form_errors
+from backfill_portal.web.pages.requests import request_or_404
 from backfill_portal.core.errors import ApplicationError, NotFound
 from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import (

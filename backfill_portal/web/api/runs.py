@@ -1,6 +1,6 @@
 from rest_framework import viewsets
 
-from backfill_portal.execution.api.serializers import RunDetailSerializer, RunSerializer
+from backfill_portal.web.api.serializers.runs import RunDetailSerializer, RunSerializer
 from backfill_portal.execution.selectors import run_list
 
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
-from backfill_portal.core.templatetags.words import state_label
+from backfill_portal.web.templatetags.words import state_label
 
 register = template.Library()
 

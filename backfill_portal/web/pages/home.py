@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-from django import forms
 from django.contrib.auth.decorators import login_required
 from django.http import StreamingHttpResponse
 from django.utils import timezone
@@ -13,6 +12,7 @@ from backfill_portal.backfills.selectors import handoffs_waiting_for, request_ro
 from backfill_portal.core.csv_export import csv_writer
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.web import keyset_page, query_without, render_page
+from backfill_portal.web.forms.audit import AuditFilterForm
 from backfill_portal.warehouse.models import Publication
 
 HOME_ROWS = 10
@@ -36,37 +36,6 @@ def home(request):
 
 
 # --- Audit ------------------------------------------------------------------------------
-
-
-class AuditFilterForm(forms.Form):
-    request = forms.IntegerField(label="Request #", required=False, min_value=1)
-    actor = forms.CharField(label="Actor", required=False, max_length=150)
-    action = forms.CharField(label="Action starts with", required=False, max_length=64,
-                             widget=forms.TextInput(attrs={"placeholder": "request."}))
-    dataset = forms.CharField(label="Dataset", required=False, max_length=128)
-    since = forms.DateTimeField(label="Since (UTC)", required=False,
-                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
-    until = forms.DateTimeField(label="Until (UTC, exclusive)", required=False,
-                                widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
-
-    def filter(self, qs):
-        """Same filters as the API's AuditFilter (action is a prefix match)."""
-        if not self.is_valid():
-            return qs.none()
-        data = self.cleaned_data
-        if data["request"]:
-            qs = qs.filter(request_id=data["request"])
-        if data["actor"]:
-            qs = qs.filter(actor_name=data["actor"].strip())
-        if data["action"]:
-            qs = qs.filter(action__startswith=data["action"].strip())
-        if data["dataset"]:
-            qs = qs.filter(dataset=data["dataset"].strip())
-        if data["since"]:
-            qs = qs.filter(at__gte=data["since"])
-        if data["until"]:
-            qs = qs.filter(at__lt=data["until"])
-        return qs
 
 
 CSV_COLUMNS = ["id", "at", "actor", "action", "object_type", "object_id", "request_id", "dataset",

@@ -9,22 +9,22 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from backfill_portal.backfills.forms import DecisionForm, HandoffDecisionForm
+from backfill_portal.web.forms.requests import DecisionForm, HandoffDecisionForm
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, HandoffItem, Interval
 from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
 from backfill_portal.backfills.services.handoff import handoff_accept, handoff_decline
 from backfill_portal.backfills.services.requests import approval_step_decide
 from backfill_portal.catalog.lineage import LineageGraph
-from backfill_portal.catalog.picture import lineage_picture
+from backfill_portal.web.picture import lineage_picture
 from backfill_portal.core.errors import ApplicationError, NotFound, ValidationError
 from backfill_portal.core.web import (
     application_errors,
     error_status,
-    inbox_count,
     is_htmx,
     redirect_after_post,
     render_page,
 )
+from backfill_portal.web.context_processors import inbox_count
 
 INBOX_MAX_STEPS = 200
 INBOX_MAX_HANDOFFS = 100

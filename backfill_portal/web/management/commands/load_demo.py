@@ -24,7 +24,7 @@ DEMO_USERS = {
     "oscar": [Role.ONCALL],
     "audrey": [Role.AUDITOR],
 }
-DEMO_CATALOG = Path(__file__).resolve().parents[3] / "catalog" / "demo_catalog.yaml"
+DEMO_CATALOG = Path(__file__).resolve().parents[2] / "demo" / "catalog.yaml"
 
 
 def demo_logins_note() -> str:
@@ -79,7 +79,7 @@ class Command(PortalCommand):
     def handle(self, *args, orders_per_day, first, last, no_data, demo_passwords, **options):
         from datetime import date
 
-        from backfill_portal.warehouse.demo_data import load_demo_sources
+        from backfill_portal.web.demo.sources import load_demo_sources
 
         warehouse = get_warehouse()  # reach both databases before writing to either
         # Well-known passwords on a production deployment would be open doors.

@@ -3,7 +3,7 @@ from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
-from backfill_portal.execution.api.serializers import PublicationSerializer, VersionSerializer
+from backfill_portal.web.api.serializers.runs import PublicationSerializer, VersionSerializer
 from backfill_portal.warehouse.selectors import partition_state
 
 

@@ -1,0 +1,1 @@
+"""The REST API's views (one module per area) and serializers (serializers/)."""

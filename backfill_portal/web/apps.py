@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class WebConfig(AppConfig):
+    """The HTTP layer (no models): pages, API views and serializers, forms, template
+    filters, the demo. It sits on top of every domain app and nothing imports it."""
+
+    name = "backfill_portal.web"
+    label = "web"

@@ -1,0 +1,29 @@
+"""What base.html's navigation needs beyond core.web.render_page's roles: the count of
+the approvals inbox. It lives here, not in core, because counting it reads backfills."""
+from __future__ import annotations
+
+from functools import cache
+
+from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
+
+
+def inbox_count(user) -> int | None:
+    """How many approval steps and hand-off items wait for this user, in one query
+    (a UNION ALL of the two id lists, counted by the database)."""
+    if not getattr(user, "is_authenticated", False):
+        return None
+    steps = steps_waiting_for(user).order_by().values_list("pk")
+    handoffs = handoffs_waiting_for(user).order_by().values_list("pk")
+    return steps.union(handoffs, all=True).count()
+
+
+def navigation(request) -> dict:
+    """`nav_inbox` for every template rendered with a request. A template calls it when
+    it shows it, once per render (cached): a partial that does not show it costs no query.
+    A view's own `nav_inbox` (the htmx out-of-band count after a decision) wins."""
+
+    @cache
+    def nav_inbox() -> int | None:
+        return inbox_count(request.user)
+
+    return {"nav_inbox": nav_inbox}

@@ -1,0 +1,1 @@
+"""Web forms: shape only; the services decide."""

@@ -1,0 +1,2 @@
+"""Server-rendered pages (htmx), one module per area. Views parse, call one service,
+and render; the services decide."""
