@@ -34,7 +34,10 @@ static: install
 run: demo
 	$(PY) manage.py run_portal
 
+# The layers contracts (.importlinter, docs/architecture.md) first: a wrong import fails
+# the build before any test runs.
 test: install
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Schemathesis against a live server, as CI runs it (DATABASE_URL etc. pick the backend;
