@@ -498,6 +498,14 @@ CELERY_BEAT_SCHEDULE = {
     "probe-warehouse": {"task": "execution.probe_warehouse", "schedule": env_float("WAREHOUSE_PROBE_SECONDS", 5.0)},
 }
 
+# A request waiting on a hand-off that never came (the process that committed its
+# approval, its cancel or its last interval died before handing the work on) is moved
+# on by the sweeper once it has waited this long: about a heartbeat timeout (60 s by
+# default), so that a hand-off merely slow is not done twice.
+SWEEP_GRACE_SECONDS = env_int("SWEEP_GRACE_SECONDS", 60)
+if SWEEP_GRACE_SECONDS < 0:
+    raise ImproperlyConfigured(f"SWEEP_GRACE_SECONDS={SWEEP_GRACE_SECONDS} must not be negative")
+
 # --- Retries and outages
 # An attempt that fails waits RETRY_BACKOFF_SECONDS * 2^(n-1) (n: the failed attempt's
 # number), capped at RETRY_BACKOFF_MAX_SECONDS, and then a random half to all of that

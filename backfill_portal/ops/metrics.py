@@ -143,8 +143,10 @@ class PortalCollector:
         sums = {name: Sum(Cast(KeyTextTransform(name, "data"), IntegerField())) for name in SWEEP_COUNTS}
         row = AuditEvent.objects.filter(action=SWEEP_ACTION).order_by().aggregate(**sums)
         family = CounterMetricFamily("backfill_sweeper_actions",
-                                     "Repairs made by the sweeper: attempts marked lost, outbox rows re-sent, "
-                                     "tasks of stale runs re-sent, runs dispatched into free slots.",
+                                     "Repairs made by the sweeper: attempts marked lost, verifications reclaimed, "
+                                     "outbox rows re-sent, tasks of stale runs re-sent, work resumed after an "
+                                     "outage, approved requests started, cancelled requests' runs stopped, runs "
+                                     "dispatched into free slots, lost reconciliations computed, hand-offs opened.",
                                      labels=["action"])
         for name in SWEEP_COUNTS:
             family.add_metric([name], row[name] or 0)

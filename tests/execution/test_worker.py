@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -25,7 +26,7 @@ from backfill_portal.warehouse.models import Publication
 from backfill_portal.warehouse.registry import spec_for
 from tests.conftest import TEST_CATALOG
 from tests.execution.test_pipeline import approved_request
-from tests.workers import BROKER
+from tests.workers import BROKER, ROOT, worker_env
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -233,3 +234,50 @@ def test_messages_a_broker_lost_are_sent_again_within_about_a_heartbeat_timeout(
         wait_published(run, timeout=60)  # the ten-minute resend would not make it
         assert_published_once_without_duplicates(run, warehouse)
     wait_request_recovered(request)
+
+
+# The approving process (a web server, say) is killed right after the approval commits,
+# before its hand-off starts the request: nothing in any queue says the request exists.
+APPROVE_AND_DIE = """
+import os, signal
+import django
+django.setup()
+from django.contrib.auth.models import User
+from django.db import transaction
+from backfill_portal.backfills.services.requests import backfill_request_decide
+with transaction.atomic():
+    transaction.on_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))
+    backfill_request_decide(actor=User.objects.get(username="olivia"), request_id=int(os.environ["REQUEST_ID"]),
+                            approve=True)
+"""
+
+
+def test_a_process_killed_right_after_committing_an_approval_leaves_a_request_that_recovers_by_itself(
+        personas, start_worker, warehouse_url, warehouse):
+    from backfill_portal.backfills.models import Reconciliation
+    from backfill_portal.backfills.services.requests import backfill_request_create, backfill_request_submit
+
+    # A plain worker and the scheduler; its sweeper waits 3 s for a hand-off before doing it.
+    start_worker(name="test-plain-worker", queues=None, beat="separate", SWEEP_SECONDS=1, SWEEP_GRACE_SECONDS=3)
+    request, _ = backfill_request_create(actor=personas["alice"], job="slow_items", start="2022-10-08",
+                                         end="2022-10-08", reason="bug 4711 fixed")
+    backfill_request_submit(actor=personas["alice"], request_id=request.pk)
+    approver = subprocess.run([sys.executable, "-c", APPROVE_AND_DIE], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, env={**worker_env(warehouse_url), "REQUEST_ID": str(request.pk),
+                                                "DJANGO_SETTINGS_MODULE": "backfill_portal.settings"})
+    assert approver.returncode == -signal.SIGKILL, approver.stderr[-2000:]
+    request.refresh_from_db()
+    assert request.status == RequestStatus.APPROVED and not Run.objects.filter(request=request).exists()
+
+    def reconciled():
+        """the request to be reconciled"""
+        return Reconciliation.objects.filter(request=request).exists()
+
+    wait_for(reconciled, timeout=90)
+    request.refresh_from_db()
+    assert request.status == RequestStatus.RECONCILING
+    run = Run.objects.get(request=request)
+    assert_published_once_without_duplicates(run, warehouse)
+    start = AuditEvent.objects.get(request_id=request.pk, action="request.start")
+    assert start.actor_id is None and start.from_state == RequestStatus.APPROVED
+    assert sum(e.data.get("started", 0) for e in AuditEvent.objects.filter(action="sweep.repaired")) == 1

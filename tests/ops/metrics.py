@@ -11,6 +11,7 @@ from backfill_portal.backfills.models import BackfillRequest
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import Attempt, Run, TaskOutbox
+from backfill_portal.execution.services.sweep import SWEEP_COUNTS
 from backfill_portal.warehouse.models import Publication
 
 
@@ -56,7 +57,7 @@ def assert_matches_database(samples: dict) -> None:
     for state, n in requests.items():
         assert value(samples, "backfill_requests", state=state) == n
     sweeps = [event.data for event in AuditEvent.objects.filter(action="sweep.repaired")]
-    for action in ("lost", "resent", "stale_runs", "dispatched"):
+    for action in SWEEP_COUNTS:
         assert value(samples, "backfill_sweeper_actions_total", action=action) == sum(d[action] for d in sweeps)
 
 

@@ -119,14 +119,25 @@ def free_slots(job: Job, *, production: bool) -> int:
                       pool_limit - active["of_pool"]))
 
 
-def request_start_after_approval(*, request_id: int) -> None:
+def _lock_request(request_id: int) -> None:
+    """Inside a transaction: wait for whoever else is moving this request (the hand-off
+    after a commit and the sweeper repairing a lost one), so that the second finds the
+    work done. SQLite's IMMEDIATE transactions already serialise writers."""
+    list(BackfillRequest.objects.select_for_update().filter(pk=request_id).values_list("pk", flat=True))
+
+
+def request_start_after_approval(*, request_id: int) -> bool:
+    """approved -> running, and dispatch. Returns whether it started the request (False:
+    someone did already, or it is no longer approved)."""
     with transaction.atomic():
+        _lock_request(request_id)
         request = request_get(request_id)
         if request.status != R.APPROVED:
-            return
+            return False
         request_transition(request, to=R.RUNNING, actor=None, reason="all approval steps approved",
                            action="request.start")
         enqueue("execution.dispatch_request", request.pk, headers={"request_id": request.pk})
+    return True
 
 
 def _candidates(request: BackfillRequest, job: Job, limit: int) -> list[Interval]:
@@ -363,18 +374,23 @@ def request_retry_failed(*, actor, request_id) -> BackfillRequest:
     return request
 
 
-def request_stop_runs(*, request_id: int) -> None:
+def request_stop_runs(*, request_id: int) -> int:
     """After a cancel: queued and running work stops; nothing partial becomes visible
-    (the publish of a cancelled run is refused by its state)."""
+    (the publish of a cancelled run is refused by its state). Returns how many runs and
+    intervals it stopped (0: nothing was left, e.g. someone stopped them already)."""
+    stopped = 0
     with transaction.atomic():
+        _lock_request(request_id)
         request = BackfillRequest.objects.select_related("job__dataset").get(pk=request_id)
         for run in Run.objects.filter(request=request, status__in=RUN_ACTIVE).select_related("job__dataset"):
             run_transition(run, to=RunStatus.CANCELLED, reason="request cancelled", updates={"finished_at": timezone.now()})
+            stopped += 1
             for attempt in Attempt.objects.filter(run=run, status=AttemptStatus.RUNNING).select_related("run"):
                 attempt_transition(attempt, to=AttemptStatus.FAILED, reason="request cancelled",
                                    updates={"finished_at": timezone.now(), "error": "cancelled"})
         for frm in (I.QUEUED, I.RUNNING, I.FAILED):
-            intervals_bulk_transition(request, frm=frm, to=I.CANCELLED, reason="request cancelled")
+            stopped += intervals_bulk_transition(request, frm=frm, to=I.CANCELLED, reason="request cancelled")
+    return stopped
 
 
 def warehouse_probe_and_resume() -> int:
