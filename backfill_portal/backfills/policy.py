@@ -235,20 +235,21 @@ def require_roll_back(actor, datasets: Iterable[Dataset], *, action: str, object
                    request_id=request_id, dataset=datasets[0].name if datasets else "")
 
 
+def published_datasets(request: BackfillRequest) -> list[Dataset]:
+    """Every dataset the request published (its cascade's too)."""
+    return list(Dataset.objects.filter(publications__request=request).distinct())
+
+
 def request_rollback_datasets(request: BackfillRequest) -> list[Dataset]:
-    """What a request rollback touches: every dataset the request published (its
-    cascade's too), or its target when it published nothing."""
-    return list(Dataset.objects.filter(publications__request=request).distinct()) or [request.job.dataset]
+    """Whose owner a request rollback needs: every dataset it published, or its target
+    when it published nothing."""
+    return published_datasets(request) or [request.job.dataset]
 
 
 def may_roll_back_partition(user, dataset: Dataset) -> Decision:
     if dataset.is_source:
         return Decision(False, f"{dataset.name} is a source; it has no versions to roll back")
     return may_roll_back(user, [dataset], "partition.rollback")
-
-
-def may_roll_back_request(user, request: BackfillRequest) -> Decision:
-    return may_roll_back(user, request_rollback_datasets(request), "request.rollback")
 
 
 # -- hand-offs --------------------------------------------------------------------------------------
@@ -287,6 +288,8 @@ def request_actions(user, request: BackfillRequest, steps: Iterable[ApprovalStep
         actions.add("resume" if request.paused else "pause")
     if operator and status in (R.RUNNING, R.FAILED) and failed:
         actions.add("retry")
-    if status in ROLLBACKABLE_REQUEST_STATES and may_roll_back_request(user, request):
-        actions.add("rollback")
+    if status in ROLLBACKABLE_REQUEST_STATES:
+        published = published_datasets(request)  # none: the service answers "nothing to roll back"
+        if published and may_roll_back(user, published, "request.rollback"):
+            actions.add("rollback")
     return actions

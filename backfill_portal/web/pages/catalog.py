@@ -77,7 +77,7 @@ def job_detail(request, name: str):
 def lineage(request):
     """?root=<job> draws the closure of a job; ?request=<id> highlights the nodes a
     request touches (its root by default); neither draws the whole catalog."""
-    from backfill_portal.backfills.models import BackfillRequest
+    from backfill_portal.backfills.selectors import request_get
 
     root = (request.GET.get("root") or "").strip()
     req = None
@@ -85,9 +85,7 @@ def lineage(request):
     if request.GET.get("request") and req_id is None:
         raise NotFound(f"backfill request {request.GET.get('request')!r} does not exist")
     if req_id is not None:
-        req = BackfillRequest.objects.select_related("job__dataset").filter(pk=req_id).first()
-        if req is None:
-            raise NotFound(f"backfill request {req_id} does not exist")
+        req = request_get(req_id)
         root = root or req.job.name
     try:
         graph = LineageGraph.cached()

@@ -14,9 +14,9 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
+from backfill_portal.backfills.policy import may_roll_back_partition
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.errors import ApplicationError, ConflictError, NotFound, PermissionDenied
-from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import (
     application_errors,
     error_messages,
@@ -49,12 +49,6 @@ def _dataset_or_404(name: str) -> Dataset:
     if ds is None:
         raise NotFound(f"dataset {name!r} does not exist")
     return ds
-
-
-def may_roll_back(user, dataset: Dataset) -> bool:
-    """Whom the page offers the button: on-call, admins and the dataset's owner (the
-    service checks the same and refuses a forged POST)."""
-    return not dataset.is_source and (has_role(user, Role.ONCALL, Role.ADMIN) or dataset.owner_id == user.pk)
 
 
 @login_required
@@ -113,7 +107,8 @@ def _partition_context(user, name: str, key: str) -> dict:
         "ds": ds, "key": key, "current_run_id": current_run_id, "current": current, "in_effect": in_effect,
         "publications": pubs[:HISTORY_SHOWN], "more_history": max(0, len(pubs) - HISTORY_SHOWN),
         "versions": versions[:HISTORY_SHOWN], "target": target, "blocked": blocked,
-        "can_rollback": may_roll_back(user, ds),
+        # Whom the page offers the button: backfills.policy, which the service asks too.
+        "can_rollback": may_roll_back_partition(user, ds).allowed,
         "contamination": None if ds.is_source else partition_contamination(dataset=ds, partition_key=key),
         "recent_rollback": in_effect if in_effect is not None and in_effect.action == Publication.Action.ROLLBACK
         else None,

@@ -12,10 +12,11 @@ from django.views.decorators.http import require_POST
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.web.forms.requests import ExplainForm, SignoffForm
 from backfill_portal.backfills.models import BackfillRequest, Reconciliation, ReconciliationRow
+from backfill_portal.backfills.policy import may_review, may_sign_off
+from backfill_portal.backfills.selectors import request_get
+from backfill_portal.catalog.tolerances import BASELINE_WINDOW
 from backfill_portal.web.pages.approvals import form_errors
-from backfill_portal.web.pages.requests import request_or_404
 from backfill_portal.core.errors import ApplicationError, NotFound
-from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import (
     application_errors,
     error_status,
@@ -31,23 +32,6 @@ _NOT_RUN_YET = (RequestStatus.DRAFT, RequestStatus.PENDING_APPROVAL, RequestStat
 VERDICT_FILTERS = ("unexplained", "explained", "matched")
 
 
-def _may_review(user, req: BackfillRequest) -> bool:
-    """Mirrors the service: the requester, the target owner, on-call or an admin explain."""
-    return user.pk in (req.requested_by_id, req.job.dataset.owner_id) or has_role(user, Role.ONCALL, Role.ADMIN)
-
-
-def _signoff_rule(user, req: BackfillRequest) -> tuple[bool, str]:
-    """Mirrors the service: the target owner signs off; an admin when the owner filed it."""
-    owner = req.job.dataset.owner
-    if owner.pk == req.requested_by_id:
-        if has_role(user, Role.ADMIN) and user.pk != req.requested_by_id:
-            return True, ""
-        return False, f"{owner.username} filed this request on their own dataset, so an admin signs it off."
-    if user.pk == owner.pk:
-        return True, ""
-    return False, f"Only {owner.username}, the owner of {req.job.dataset.name}, signs off."
-
-
 def _verdict_counts(req: BackfillRequest) -> dict[str, int]:
     counts = dict(ReconciliationRow.objects.filter(request=req).values_list("verdict").annotate(n=Count("id"))
                   .order_by())
@@ -55,7 +39,8 @@ def _verdict_counts(req: BackfillRequest) -> dict[str, int]:
 
 
 def _signoff_context(user, req: BackfillRequest, recon, counts: dict) -> dict:
-    allowed, why = _signoff_rule(user, req)
+    decision = may_sign_off(user, req)
+    allowed, why = decision.allowed, decision.note
     blocked = ""
     if req.status != RequestStatus.RECONCILING:
         blocked = f"The request is {req.status}; only a reconciling request is signed off."
@@ -154,7 +139,7 @@ def reconciliation(request, pk: int, *, status: int = 200, bound: dict | None = 
     explain forms, sign-off and a chart of rows before/after/baseline."""
     from backfill_portal.recovery.reconciliation import reconciliation_rows
 
-    req = request_or_404(pk)
+    req = request_get(pk)
     recon = _recon_or_none(req)
     rows, counts, after, next_after, verdict = [], {v: 0 for v in VERDICT_FILTERS}, None, None, ""
     if recon is not None:
@@ -170,7 +155,10 @@ def reconciliation(request, pk: int, *, status: int = 200, bound: dict | None = 
             rows = rows[:RECON_ROWS_PER_PAGE]
             next_after = rows[-1].pk
         counts = _verdict_counts(req)
-    can_explain = _may_review(request.user, req) and req.status == RequestStatus.RECONCILING
+    # Who may review: backfills.policy (the requester, the owner of any dataset the
+    # request rebuilds, on-call, admins), which the services ask too.
+    reviewer = may_review(request.user, req).allowed
+    can_explain = reviewer and req.status == RequestStatus.RECONCILING
     for row in rows:
         row.form = (bound or {}).get(row.pk) or _explain_form(row)
     return render_page(request, "backfills/reconciliation.html", {
@@ -181,7 +169,8 @@ def reconciliation(request, pk: int, *, status: int = 200, bound: dict | None = 
         "exceptions": [(name.replace("_", " "), items) for name, items in
                        ((recon.manifest or {}).get("exceptions") or {}).items()] if recon else [],
         "charts": _chart_series(rows), "can_explain": can_explain,
-        "can_recompute": _may_review(request.user, req) and recon is not None and recon.signed_off_at is None,
+        "can_recompute": reviewer and recon is not None and recon.signed_off_at is None,
+        "baseline_window": BASELINE_WINDOW,
         "signoff_form": SignoffForm(), **_signoff_context(request.user, req, recon, counts),
     }, status=status)
 
@@ -198,7 +187,7 @@ def reconciliation_explain(request, pk: int, row_pk: int):
     verdict counts and the sign-off panel out of band; a refusal stays on the row."""
     from backfill_portal.recovery.reconciliation import interval_explain
 
-    req = request_or_404(pk)
+    req = request_get(pk)
     row = ReconciliationRow.objects.select_related("job", "dataset", "explained_by").filter(
         pk=row_pk, request=req).first()
     if row is None:
@@ -237,7 +226,7 @@ def reconciliation_explain(request, pk: int, row_pk: int):
 def reconciliation_signoff_view(request, pk: int):
     from backfill_portal.recovery.reconciliation import reconciliation_signoff
 
-    request_or_404(pk)
+    request_get(pk)
     form = SignoffForm(request.POST)
     form.is_valid()
     try:
@@ -254,7 +243,7 @@ def reconciliation_signoff_view(request, pk: int):
 def reconciliation_recompute_view(request, pk: int):
     from backfill_portal.recovery.reconciliation import reconciliation_recompute
 
-    request_or_404(pk)
+    request_get(pk)
     try:
         reconciliation_recompute(actor=request.user, request_id=pk)
     except ApplicationError as exc:

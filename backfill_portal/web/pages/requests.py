@@ -21,7 +21,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
-from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus
+from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind
 from backfill_portal.web.forms.requests import (
     DecisionForm,
     ReasonForm,
@@ -34,7 +34,8 @@ from backfill_portal.web.forms.requests import (
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
 from backfill_portal.catalog.calendar import dst_notes
 from backfill_portal.backfills.preview import request_plan_preview
-from backfill_portal.backfills.selectors import interval_buckets, request_progress, request_rows
+from backfill_portal.backfills.policy import request_actions
+from backfill_portal.backfills.selectors import interval_buckets, request_get, request_progress, request_rows
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
 from backfill_portal.backfills.services.requests import (
     backfill_request_cancel,
@@ -42,10 +43,9 @@ from backfill_portal.backfills.services.requests import (
     backfill_request_decide,
     backfill_request_submit,
 )
-from backfill_portal.backfills.transitions import REQUEST_EDGES, REQUEST_TERMINAL
+from backfill_portal.backfills.transitions import REQUEST_TERMINAL
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ApplicationError, ConflictError, NotFound, ValidationError
-from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import (
     application_errors,
     flash_error,
@@ -58,7 +58,6 @@ from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
 from backfill_portal.warehouse.services.outage import warehouse_outage_current
 from backfill_portal.recovery.rollback import (
-    ROLLBACKABLE_REQUEST_STATES,
     request_rollback,
     rollback_rebuild,
     rollback_state,
@@ -77,14 +76,6 @@ INTERVAL_STATES = tuple(IntervalStatus.values)
 
 
 # --- Read helpers (selector-like) -------------------------------------------------------
-
-
-def request_or_404(pk) -> BackfillRequest:
-    req = (BackfillRequest.objects.select_related("job__dataset__owner", "requested_by", "code_version")
-           .filter(pk=pk).first())
-    if req is None:
-        raise NotFound(f"backfill request {pk} does not exist")
-    return req
 
 
 def _grid(req: BackfillRequest, total: int) -> dict:
@@ -208,33 +199,6 @@ def _latest_runs(req: BackfillRequest) -> list[Run]:
     return list(Run.objects.filter(request=req).select_related("job")
                 .annotate(n_attempts=Coalesce(Subquery(attempts, output_field=IntegerField()), 0))
                 .order_by("-created_at", "-id")[:RUNS_SHOWN])
-
-
-# --- Which actions to offer (the services still refuse forged POSTs) ---------------------
-
-
-def _actions(user, req: BackfillRequest, steps: list[ApprovalStep], progress: dict) -> set[str]:
-    is_admin = has_role(user, Role.ADMIN)
-    is_requester = req.requested_by_id == user.pk
-    operator = is_requester or has_role(user, Role.ONCALL, Role.ADMIN)
-    actions: set[str] = set()
-    if req.status == RequestStatus.DRAFT and (is_requester or is_admin):
-        actions.add("submit")
-    if req.status == RequestStatus.PENDING_APPROVAL and not is_requester and any(
-        s.status == StepStatus.PENDING and (s.approver_id == user.pk or (s.approver_id is None and is_admin))
-        for s in steps
-    ):
-        actions.add("decide")
-    if operator and RequestStatus.CANCELLED in REQUEST_EDGES.get(req.status, ()):
-        actions.add("cancel")
-    if operator and req.status == RequestStatus.RUNNING:
-        actions.add("resume" if req.paused else "pause")
-    if operator and req.status in (RequestStatus.RUNNING, RequestStatus.FAILED) and progress["counts"].get("failed"):
-        actions.add("retry")
-    if req.status in ROLLBACKABLE_REQUEST_STATES and (
-            has_role(user, Role.ONCALL, Role.ADMIN) or req.job.dataset.owner_id == user.pk):
-        actions.add("rollback")
-    return actions
 
 
 # --- Pages ------------------------------------------------------------------------------
@@ -429,7 +393,7 @@ def _step_previews(plan: list, count: int) -> list[StepPreview]:
 @login_required
 @application_errors
 def request_detail(request, pk: int, *, status: int = 200, show_confirm_overlap: bool = False):
-    req = request_or_404(pk)
+    req = request_get(pk)
     live = _live_context(req, page_status=req.status)
     steps = _steps(req)
     return render_page(request, "backfills/request_detail.html", {
@@ -438,7 +402,8 @@ def request_detail(request, pk: int, *, status: int = 200, show_confirm_overlap:
         "runs": _latest_runs(req),
         "runs_shown": RUNS_SHOWN,
         "side_effects": list(req.side_effects.order_by("name").values_list("name", flat=True)),
-        "actions": _actions(request.user, req, steps, live["progress"]),
+        # Which actions to offer: backfills.policy, which the services ask too.
+        "actions": request_actions(request.user, req, steps, failed=live["progress"]["counts"].get("failed", 0)),
         "decision_form": DecisionForm(), "cancel_form": ReasonForm(), "rollback_form": RequestRollbackForm(),
         "show_confirm_overlap": show_confirm_overlap,
         "show_reconciliation": req.status in RECON_SHOWN_STATES,
@@ -453,7 +418,7 @@ def request_detail(request, pk: int, *, status: int = 200, show_confirm_overlap:
 def request_live(request, pk: int):
     """The polled fragment. 204 when nothing changed since the client's copy (no swap,
     no grid query); 286 once the request is final, which stops htmx polling."""
-    req = request_or_404(pk)
+    req = request_get(pk)
     page_status = request.GET.get("since") or req.status
     if page_status not in RequestStatus.values:
         page_status = req.status
@@ -521,7 +486,7 @@ def _action_view(verb: str):
     @application_errors
     @require_POST
     def view(request, pk: int):
-        request_or_404(pk)  # a missing request is a 404 page, not a message on a page that cannot render
+        request_get(pk)  # a missing request is a 404 page, not a message on a page that cannot render
         try:
             text = _run_action(verb, request, pk)
         except ApplicationError as exc:
