@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -21,7 +20,8 @@ import yaml
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from backfill_portal.catalog.choices import COLUMN_TYPES, Grain, JobKind
+from backfill_portal.catalog.choices import COLUMN_TYPES, Grain
+from backfill_portal.catalog.kinds import validate_job_config
 from backfill_portal.catalog.models import CodeVersion, Dataset, Job, Pool, Team
 from backfill_portal.catalog.sqlcheck import TemplateError, check_template
 from backfill_portal.core.errors import ValidationError
@@ -210,29 +210,10 @@ def catalog_validate(doc: dict) -> dict:
             if up not in datasets:
                 v.err(f"{path}.reads", f"upstream {up!r} of job {name} is not a declared dataset")
         kind = j.get("kind", "sql")
-        if kind not in JobKind.values:
-            v.err(f"{path}.kind", f"{kind!r} is not one of {', '.join(JobKind.values)}")
-        definition: dict = {"kind": kind, "reads": sorted(reads), "params": j.get("params") or {}}
-        if kind == JobKind.SQL:
-            sql = j.get("sql")
-            if not sql:
-                v.err(f"{path}.sql", f"sql job {name} has no sql template")
-            else:
-                definition["sql"] = sql
-                try:
-                    check_template(sql, upstreams=set(reads))
-                except TemplateError as exc:
-                    v.err(f"{path}.sql", str(exc))
-        elif kind == JobKind.PYTHON:
-            target = j.get("callable", "")
-            definition["callable"] = target
-            if not _importable(target):
-                v.err(f"{path}.callable", f"{target!r} is not an importable dotted path to a callable")
-        elif kind == JobKind.SIDE_EFFECT:
-            effect = j.get("side_effect")
-            if not isinstance(effect, dict) or not effect.get("channel"):
-                v.err(f"{path}.side_effect", f"side-effect job {name} needs side_effect.channel")
-            definition["side_effect"] = effect or {}
+        kind_spec, config, problems = validate_job_config(j, name=name, reads=reads)
+        for field_name, problem in problems:
+            v.err(f"{path}.{field_name}", problem)
+        definition: dict = {"kind": kind, "reads": sorted(reads), "params": j.get("params") or {}, **config}
         definition["depends_on_past"] = bool(j.get("depends_on_past", False))
         pool = j.get("pool", "default")
         if pool not in pools:
@@ -247,7 +228,7 @@ def catalog_validate(doc: dict) -> dict:
             "description": str(j.get("description", "")),
             "produces": produces, "reads": list(reads), "kind": kind, "pool": pool,
             "depends_on_past": bool(j.get("depends_on_past", False)),
-            "has_side_effects": kind == JobKind.SIDE_EFFECT,
+            "has_side_effects": bool(kind_spec and kind_spec.has_side_effects),
             "scheduled": bool(j.get("scheduled", False)),
             "definition": definition, **limits,
         }
@@ -268,16 +249,6 @@ def catalog_validate(doc: dict) -> dict:
         count = sum(len(m) for m in v.errors.values())
         raise CatalogError(f"the catalog has {count} problem(s); first: {first_path}: {first[0]}", fields=v.errors)
     return {"teams": teams, "pools": pools, "datasets": datasets, "jobs": jobs}
-
-
-def _importable(target: str) -> bool:
-    module, _, attr = str(target).rpartition(".")
-    if not module:
-        return False
-    try:
-        return callable(getattr(importlib.import_module(module), attr, None))
-    except ImportError:
-        return False
 
 
 def _find_cycle(jobs: dict) -> list[str] | None:

@@ -1,4 +1,5 @@
-"""Executors: turn one run into one staged version in the warehouse.
+"""What every executor shares: pinned inputs, template rendering, reading an upstream,
+and the `ExecutionContext` an executor receives.
 
 Inputs are pinned at run start (the first attempt) and recorded as consumption;
 later attempts of the same run read exactly the same versions. A SQL template may
@@ -7,23 +8,20 @@ use only the data interval, the partition key and ref('dataset').
 from __future__ import annotations
 
 import functools
-import importlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable
+from typing import Callable, Iterable
 
 import jinja2
-from django.db import IntegrityError, transaction
 from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
 from backfill_portal.catalog.calendar import previous_partition
 from backfill_portal.catalog.lineage import covered_partition_keys
-from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.catalog.sqlcheck import TemplateError, check_template
 from backfill_portal.execution.choices import RunStatus
-from backfill_portal.execution.models import Delivery, Run
+from backfill_portal.execution.models import Run
 from backfill_portal.warehouse.adapter import Marker, Warehouse
 from backfill_portal.warehouse.models import Consumption, Version
 from backfill_portal.warehouse.registry import spec_for
@@ -198,51 +196,9 @@ def render(template: str, *, run: Run, warehouse: Warehouse, pins: PinnedInputs,
         raise ExecutionError(f"template does not render: {exc}") from None
 
 
-@dataclass
-class RunContext:
-    """What a python job receives."""
-
-    run_id: str
-    partition_key: str
-    data_interval_start: datetime
-    data_interval_end: datetime
-    params: dict
-    read: Callable[[str], list[dict]]
-
-
-def _resolve(dotted: str) -> Callable:
-    module, _, attr = dotted.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ExecutionError(f"cannot import {dotted}: {exc}") from None
-
-
-def execute(run: Run, attempt_no: int, warehouse: Warehouse, *, should_stop: Callable[[], bool] = lambda: False) -> Marker:
-    """Stage the run's version; the marker commits with the rows."""
-    job = run.job
-    spec = spec_for(job.dataset)  # staging ensures its tables, once per process and spec
-    pins = pin_inputs(run, warehouse)
-    definition = run.code_version.definition
-    kind = definition.get("kind", job.kind)
-    if kind == JobKind.SQL:
-        sql = render(definition["sql"], run=run, warehouse=warehouse, pins=pins)
-        run.output_columns = warehouse.db.columns_of(sql)
-        type(run).objects.filter(pk=run.pk).update(output_columns=run.output_columns)
-        return warehouse.stage_select(spec=spec, run_id=run.run_id, attempt_no=attempt_no,
-                                      partition=run.partition_key, select_sql=sql, take_over=True)
-    if kind == JobKind.PYTHON:
-        rows = _python_rows(run, warehouse, pins, definition, should_stop)
-        return warehouse.stage_rows(spec=spec, run_id=run.run_id, attempt_no=attempt_no,
-                                    partition=run.partition_key, rows=rows, take_over=True)
-    if kind == JobKind.SIDE_EFFECT:
-        row = deliver_side_effect(run, warehouse, pins, definition)
-        return warehouse.stage_rows(spec=spec, run_id=run.run_id, attempt_no=attempt_no,
-                                    partition=run.partition_key, rows=[row], take_over=True)
-    raise ExecutionError(f"unknown job kind {kind!r}")
-
-
-def _reader(warehouse: Warehouse, pins: PinnedInputs, run: Run) -> Callable[[str], list[dict]]:
+def reader(warehouse: Warehouse, pins: PinnedInputs, run: Run) -> Callable[[str], list[dict]]:
+    """read(name): the rows of a declared upstream as this run pinned it (a source over
+    the run's interval)."""
     datasets = {d.name: d for d in run.job.upstreams.all()}
 
     def read(name: str) -> list[dict]:
@@ -256,51 +212,51 @@ def _reader(warehouse: Warehouse, pins: PinnedInputs, run: Run) -> Callable[[str
     return read
 
 
-def _python_rows(run, warehouse, pins, definition, should_stop):
-    fn = _resolve(definition["callable"])
-    spec_columns = [c["name"] for c in run.job.dataset.columns]
-    context = RunContext(run_id=run.run_id, partition_key=run.partition_key,
-                         data_interval_start=run.data_interval_start, data_interval_end=run.data_interval_end,
-                         params=definition.get("params", {}), read=_reader(warehouse, pins, run))
-    seen: set[str] = set()
-    for i, row in enumerate(fn(context)):
-        if i % 1000 == 0 and should_stop():
-            raise ExecutionError("stopped: the attempt was fenced or the run cancelled")
-        if isinstance(row, dict):
-            seen.update(row)
-            yield tuple(row.get(c) for c in spec_columns)
-        else:
-            yield tuple(row)
-    run.output_columns = sorted(seen) if seen else spec_columns
-    type(run).objects.filter(pk=run.pk).update(output_columns=run.output_columns)
+@dataclass
+class ExecutionContext:
+    """What an executor receives: one attempt of one run, its inputs already pinned.
+    An executor ends by staging the run's version (`stage_select` or `stage_rows`),
+    which writes the commit marker with the rows, and returns that marker."""
 
+    run: Run
+    attempt_no: int
+    warehouse: Warehouse
+    pins: PinnedInputs
+    definition: dict  # the frozen code version's definition: kind, reads, params, the kind's fields
+    spec: object
+    should_stop: Callable[[], bool] = lambda: False
+    _read: Callable[[str], list[dict]] | None = field(default=None, init=False, repr=False)
 
-def deliver_side_effect(run: Run, warehouse: Warehouse, pins: PinnedInputs, definition: dict) -> tuple:
-    """Deliver once per (job, partition, upstream version). The unique key on the
-    outbox row makes a second delivery impossible, from any request or attempt."""
-    effect = definition.get("side_effect", {})
-    upstream_versions = sorted(f"{name}@{rid}" for name, parts in pins.versions.items() for rid in parts.values())
-    if not upstream_versions:
-        raise ExecutionError("nothing published upstream to notify about")
-    key = f"{run.job.name}:{run.partition_key}:{'+'.join(upstream_versions)}"
-    read = _reader(warehouse, pins, run)
-    summary: dict[str, Any] = {}
-    for name in pins.versions:
-        dataset = run.job.upstreams.get(name=name)
-        rows = read(name)
-        summary[name] = {"rows": len(rows)}
-        if dataset.core_measure:
-            summary[name][dataset.core_measure] = round(sum(float(r[dataset.core_measure] or 0) for r in rows), 2)
-    message = f"{effect.get('subject') or run.job.name} {run.partition_key}: " + ", ".join(
-        f"{n} {', '.join(f'{k}={v}' for k, v in s.items())}" for n, s in sorted(summary.items()))
-    try:
-        with transaction.atomic():
-            Delivery.objects.create(job=run.job, run=run, partition_key=run.partition_key, idempotency_key=key,
-                                    channel=effect.get("channel", "outbox"), delivered_at=timezone.now(),
-                                    payload={"message": message, "summary": summary,
-                                             "recipients": effect.get("recipients", [])})
-    except IntegrityError:
-        pass  # delivered already (another attempt or request): the constraint stopped the second one
-    values = {"ds": run.partition_key, "partition": run.partition_key, "channel": effect.get("channel", "outbox"),
-              "message": message, "idempotency_key": key}
-    return tuple(values.get(c["name"]) for c in run.job.dataset.columns)
+    def render(self, template: str) -> str:
+        """A template rendered against the pinned inputs (data interval, partition key, ref)."""
+        return render(template, run=self.run, warehouse=self.warehouse, pins=self.pins)
+
+    def ref_sql(self, name: str) -> str:
+        """The SQL relation of a declared upstream exactly as this run pinned it."""
+        dataset = next((d for d in upstreams_of(self.run.job) if d.name == name), None)
+        if dataset is None:
+            raise ExecutionError(f"{name} is not a declared upstream of {self.run.job.name}")
+        if dataset.is_source:
+            return source_sql(self.warehouse, dataset, self.run)
+        return self.warehouse.ref_sql(spec=spec_for(dataset), pins=self.pins.versions.get(name, {}))
+
+    def read(self, name: str) -> list[dict]:
+        """The rows of a declared upstream as this run pinned it."""
+        if self._read is None:
+            self._read = reader(self.warehouse, self.pins, self.run)
+        return self._read(name)
+
+    def record_output_columns(self, columns: list[str]) -> None:
+        """What the run produced, for the declared-schema check."""
+        run = self.run
+        run.output_columns = columns
+        type(run).objects.filter(pk=run.pk).update(output_columns=run.output_columns)
+
+    def stage_select(self, sql: str) -> Marker:
+        self.record_output_columns(self.warehouse.db.columns_of(sql))
+        return self.warehouse.stage_select(spec=self.spec, run_id=self.run.run_id, attempt_no=self.attempt_no,
+                                           partition=self.run.partition_key, select_sql=sql, take_over=True)
+
+    def stage_rows(self, rows: Iterable[tuple]) -> Marker:
+        return self.warehouse.stage_rows(spec=self.spec, run_id=self.run.run_id, attempt_no=self.attempt_no,
+                                         partition=self.run.partition_key, rows=rows, take_over=True)
