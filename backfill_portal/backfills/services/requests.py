@@ -10,8 +10,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind, StepStatus, Strategy
-from backfill_portal.backfills import policy
+from backfill_portal.backfills import approval_rules, policy
+from backfill_portal.backfills.approval_rules import PlannedStep
+from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepStatus, Strategy
 from backfill_portal.backfills.models import MAX_ACTIVE_INTERVALS_LIMIT, ApprovalStep, BackfillRequest, Interval
 from backfill_portal.backfills.selectors import request_get
 from backfill_portal.catalog.calendar import PlannedInterval, plan_intervals
@@ -301,38 +302,18 @@ def request_overlaps(request: BackfillRequest) -> list[int]:
     )
 
 
-@dataclass(frozen=True)
-class PlannedStep:
-    kind: str
-    job: Job | None  # None for the admin step
-    approver: object | None  # a User; None: any admin
-
-    @property
-    def dataset(self):
-        return self.job.dataset if self.job else None
-
-
 def approval_plan(*, requester_id, job: Job, rebuilt: Iterable[Job], side_effects: Iterable[Job],
                   interval_count: int) -> list[PlannedStep]:
-    """The approval steps a request gets on submission, in order: the target dataset's
-    owner; the owner of each rebuilt downstream node (SQL and python jobs); the owner of
-    each authorised side-effect node; an admin when the request has more intervals than
+    """The approval steps a request gets on submission, in order: every registered
+    approval rule's (`backfills/approval_rules.py`): the target dataset's owner; the
+    owner of each rebuilt downstream node that produces data; the owner of each
+    authorised side-effect node; an admin when the request has more intervals than
     BACKFILL_ADMIN_APPROVAL_OVER. Submission and the form's preview both use it.
 
     Separation of duties: an owner filing a request on their own dataset cannot approve
     it; that step goes to the admins (approver None) instead."""
-
-    def approver(owner):
-        return None if owner.pk == requester_id else owner
-
-    steps = [PlannedStep(StepKind.OWNER, job, approver(job.dataset.owner))]
-    for node in sorted((j for j in rebuilt if j.kind in (JobKind.SQL, JobKind.PYTHON)), key=lambda j: j.name):
-        steps.append(PlannedStep(StepKind.DOWNSTREAM, node, approver(node.dataset.owner)))
-    for effect in sorted(side_effects, key=lambda j: j.name):
-        steps.append(PlannedStep(StepKind.SIDE_EFFECT, effect, approver(effect.dataset.owner)))
-    if interval_count > settings.BACKFILL_ADMIN_APPROVAL_OVER:
-        steps.append(PlannedStep(StepKind.ADMIN, None, None))
-    return steps
+    return approval_rules.approval_plan(requester_id=requester_id, job=job, rebuilt=rebuilt,
+                                        side_effects=side_effects, interval_count=interval_count)
 
 
 def _approval_steps(request: BackfillRequest) -> list[ApprovalStep]:
