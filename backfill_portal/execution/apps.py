@@ -7,12 +7,12 @@ class ExecutionConfig(AppConfig):
     label = "execution"
 
     def ready(self):
-        # Registers every built-in executor and verification check; the catalog's
-        # job-kind registry is below this layer and never imports it.
-        from backfill_portal.execution import executors
+        # Importing the packages registers every built-in executor and verification
+        # check; the catalog's job-kind registry is below this layer and never imports it.
+        from backfill_portal.execution import checks as verification_checks  # noqa: F401
+        from backfill_portal.execution import executors  # noqa: F401
 
         checks.register(executors_match_kinds, checks.Tags.compatibility)
-        del executors
 
 
 def executors_match_kinds(app_configs=None, **kwargs):

@@ -1,20 +1,18 @@
 """Verification of a staged version, then its publication by compare-and-set.
 
-Checks (each blocking or warning, stored with their numbers):
-row count above zero; row count within a band of the trailing baseline; zero
-duplicate business keys; zero NULL business keys; core measure against the source
-for the same interval; declared schema; no pinned input rolled back or built from a
-rolled-back one; the catalog's custom SQL assertions (rows returned = failure). A blocking failure leaves the old version visible.
+Checks (each blocking or warning, stored with their numbers) are the registered ones
+of `execution/checks/`: row count above zero; row count within a band of the trailing
+baseline; zero duplicate business keys; zero NULL business keys; declared schema; no
+pinned input rolled back or built from a rolled-back one; core measure against the
+source for the same interval; the catalog's custom SQL assertions (rows returned =
+failure). A blocking failure leaves the old version visible.
 """
 from __future__ import annotations
 
 import logging
-import statistics
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus as I
@@ -23,11 +21,11 @@ from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
 from backfill_portal.core.rows import insert_row
 from backfill_portal.core.services.audit import audit_record
+from backfill_portal.execution.checks import Check, run_checks
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import CheckResult, Run
 from backfill_portal.execution.services.dispatch import dispatch_request, enqueue_execute, enqueue_verify
-from backfill_portal.catalog.tolerances import BASELINE_WINDOW, DEFAULT_MEASURE_REL, DEFAULT_ROW_BAND
 from backfill_portal.execution.services.runs import Heartbeat, _interval_failed, run_get
 from backfill_portal.execution.transitions import run_transition
 from backfill_portal.warehouse.adapter import PublishConflict
@@ -38,126 +36,9 @@ from backfill_portal.warehouse.services.outage import warehouse_outage_confirm
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Check:
-    name: str
-    passed: bool
-    blocking: bool = True
-    observed: dict = field(default_factory=dict)
-    message: str = ""
-
-
-def trailing_baseline(run: Run, window: int = BASELINE_WINDOW) -> float | None:
-    """Median row count of the trailing published partitions of this dataset."""
-    counts = list(
-        Version.objects.filter(dataset=run.job.dataset, run__status=S.PUBLISHED, partition_key__lt=run.partition_key)
-        .order_by("-partition_key").values_list("row_count", flat=True)[:window]
-    )
-    return float(statistics.median(counts)) if counts else None
-
-
 def compute_checks(run: Run, warehouse) -> list[Check]:
-    from backfill_portal.execution.executors import ExecutionError, LazyPins, render
-
-    dataset = run.job.dataset
-    spec = spec_for(dataset)
-    profile = warehouse.profile(spec=spec, run_id=run.run_id)
-    tol = dataset.tolerances or {}
-    checks = [Check("row_count_positive", profile.row_count > 0, observed={"rows": profile.row_count},
-                    message="" if profile.row_count > 0 else "the version has no rows")]
-    baseline = trailing_baseline(run)
-    band = float(tol.get("row_band", DEFAULT_ROW_BAND))
-    if baseline:
-        low, high = baseline * (1 - band), baseline * (1 + band)
-        ok = low <= profile.row_count <= high
-        checks.append(Check("row_count_baseline", ok, blocking=bool(tol.get("row_band_blocking", False)),
-                            observed={"rows": profile.row_count, "baseline": baseline, "band": band},
-                            message="" if ok else f"{profile.row_count} rows is outside {low:.0f}..{high:.0f}"))
-    else:
-        checks.append(Check("row_count_baseline", True, blocking=False, observed={"rows": profile.row_count},
-                            message="no trailing published partitions yet"))
-    checks.append(Check("unique_business_key", profile.duplicate_keys == 0,
-                        observed={"rows": profile.row_count, "distinct_keys": profile.distinct_keys,
-                                  "duplicate_keys": profile.duplicate_keys},
-                        message="" if profile.duplicate_keys == 0 else f"{profile.duplicate_keys} duplicate key(s)"))
-    checks.append(Check("no_null_business_key", profile.null_keys == 0, observed={"null_keys": profile.null_keys},
-                        message="" if profile.null_keys == 0 else f"{profile.null_keys} row(s) with a NULL key"))
-    declared = [c["name"] for c in dataset.columns]
-    produced = list(run.output_columns or declared)
-    extra = sorted(set(produced) - set(declared))
-    missing = sorted(set(declared) - set(produced))
-    checks.append(Check("declared_schema", not extra and not missing,
-                        observed={"declared": declared, "produced": produced},
-                        message="; ".join(filter(None, [f"undeclared: {', '.join(extra)}" if extra else "",
-                                                        f"missing: {', '.join(missing)}" if missing else ""]))))
-    checks.append(inputs_not_rolled_back(run))
-    pins = LazyPins(run, warehouse)
-    this_sql = warehouse.ref_sql(spec=spec, pins={run.partition_key: run.run_id})
-    if dataset.source_measure_sql and dataset.core_measure:
-        try:
-            sql = render(dataset.source_measure_sql, run=run, warehouse=warehouse, pins=pins, this_sql=this_sql)
-            expected = warehouse.db.query(f"SELECT * FROM ({sql}) AS q")[0][0]
-            expected = float(expected or 0)
-            actual = float(profile.measure_sum or 0)
-            rel = float(tol.get("measure_rel", DEFAULT_MEASURE_REL))
-            ok = abs(actual - expected) <= rel * max(abs(expected), 1.0)
-            checks.append(Check("measure_vs_source", ok, observed={"measure": dataset.core_measure, "version": actual,
-                                                                    "source": expected, "tolerance": rel},
-                                message="" if ok else f"{dataset.core_measure} {actual:.2f} vs source {expected:.2f}"))
-        except (ExecutionError, Exception) as exc:  # a broken reconciliation query is a failed check, not a crash
-            checks.append(Check("measure_vs_source", False, observed={}, message=f"could not compute: {exc}"))
-    rendered: list[str | Exception] = []
-    for custom in dataset.checks or []:
-        try:
-            rendered.append(render(custom["sql"], run=run, warehouse=warehouse, pins=pins, this_sql=this_sql))
-        except Exception as exc:
-            rendered.append(exc)
-    for custom, rows in zip(dataset.checks or [], failing_rows(warehouse, rendered)):
-        blocking = custom.get("blocking", True)
-        if isinstance(rows, Exception):
-            checks.append(Check(custom["name"], False, blocking=blocking, message=f"could not run: {rows}"))
-        else:
-            checks.append(Check(custom["name"], rows == 0, blocking=blocking, observed={"failing_rows": rows},
-                                message="" if rows == 0 else f"{rows} row(s) violate the assertion"))
-    return checks
-
-
-def inputs_not_rolled_back(run: Run) -> Check:
-    """Blocking: none of the versions this run pinned was rolled back, or was built from
-    one (an entry of a rollback's contaminated closure). A run that pinned its inputs
-    before a rollback, or read a partition still waiting for its rebuild, would
-    otherwise publish numbers from the bad version that no closure names. One query."""
-    bad = list(Consumption.objects.filter(run=run, version__isnull=False).filter(
-        Q(version__run__status=S.ROLLED_BACK) | Q(version__contaminations__isnull=False))
-        .values_list("dataset__name", "partition_key", "version__run__run_id", "version__run__status")
-        .distinct().order_by("dataset__name", "partition_key")[:20])
-    shown = [f"{ds}/{part} {run_id} ({'rolled back' if status == S.ROLLED_BACK else 'built from a rolled-back input'})"
-             for ds, part, run_id, status in bad]
-    return Check("inputs_not_rolled_back", not bad, observed={"inputs": shown},
-                 message="" if not bad else "read " + "; ".join(shown) + ": rerun it on the restored (or rebuilt) inputs")
-
-
-def failing_rows(warehouse, assertions: list[str | Exception]) -> list[int | Exception]:
-    """How many rows each assertion's SELECT returns (an Exception stays as it is).
-
-    All of them in one statement, one round trip; if that statement fails, each runs
-    alone so that the error is reported against the assertion that caused it."""
-    runnable = [(i, sql) for i, sql in enumerate(assertions) if isinstance(sql, str)]
-    results: list[int | Exception] = list(assertions)
-    if not runnable:
-        return results
-    try:
-        counts = warehouse.db.query("SELECT " + ", ".join(
-            f"(SELECT COUNT(*) FROM ({sql}) AS q{i})" for i, sql in runnable))[0]
-        for (i, _), n in zip(runnable, counts):
-            results[i] = int(n)
-    except Exception:
-        for i, sql in runnable:
-            try:
-                results[i] = int(warehouse.db.query(f"SELECT COUNT(*) FROM ({sql}) AS q")[0][0])
-            except Exception as exc:
-                results[i] = exc
-    return results
+    """Every registered verification check (`execution/checks/`), in order."""
+    return run_checks(run, warehouse)
 
 
 def run_verify(*, run_id: str) -> str:
