@@ -145,8 +145,11 @@ WORKERS = int(os.environ.get("WORKERS", "2"))
 
 
 def start_worker() -> subprocess.Popen:
-    """A real Celery worker on the broker, as deployed: DEBUG off, WORKERS processes."""
-    env = {**os.environ, "LOG_LEVEL": "WARNING", "DEBUG": "0", "SECRET_KEY": "benchmark-" + "k" * 50}
+    """A real Celery worker on the broker, as deployed: DEBUG off, WORKERS processes. With
+    DEBUG off the settings require an AUDIT_KEY: the one this process signs with, so the
+    benchmark's audit rows make one chain under one key."""
+    env = {**os.environ, "LOG_LEVEL": "WARNING", "DEBUG": "0", "SECRET_KEY": "benchmark-" + "k" * 50,
+           "AUDIT_KEY": f"{settings.AUDIT_KEY_ID}:{settings.AUDIT_KEYS[settings.AUDIT_KEY_ID]}"}
     subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q", "production,backfill"],
                    cwd=ROOT, env=env, capture_output=True, timeout=60)
     proc = subprocess.Popen(
