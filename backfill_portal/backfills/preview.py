@@ -16,7 +16,6 @@ from backfill_portal.backfills.services.requests import CascadeNode, NodeAction,
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
 from backfill_portal.backfills.staleness import StaleLater, check_exclusions, stale_later
 from backfill_portal.backfills.transitions import REQUEST_ACTIVE
-from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ValidationError
 
@@ -52,7 +51,7 @@ def request_plan_preview(*, user, job: Job, start, end, side_effects: list[str] 
     effects = list(Job.objects.select_related("dataset__owner").filter(name__in=list(side_effects or [])))
     known = {j.name: j for j in effects}
     bad = [f"job {name!r} does not exist" if name not in known else f"{name} is not a side-effect node"
-           for name in side_effects or [] if name not in known or known[name].kind != JobKind.SIDE_EFFECT]
+           for name in side_effects or [] if name not in known or not known[name].has_side_effects]
     if bad:
         raise ValidationError(bad[0], fields={"side_effects": bad})
     stale: list[StaleLater] = []

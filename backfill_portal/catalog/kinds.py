@@ -88,6 +88,12 @@ def side_effect_kinds() -> list[str]:
     return [k.name for k in registry if k.has_side_effects]
 
 
+def has_side_effects(kind: str) -> bool:
+    """Whether jobs of this kind touch the outside world (False for an unregistered kind,
+    which the catalog refuses to load and the approval plan refuses to plan)."""
+    return kind in registry and registry.get(kind).has_side_effects
+
+
 def missing(value) -> bool:
     return value is None or value == "" or value == [] or value == {}
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from backfill_portal.catalog.calendar import partition_for, plan_intervals
+from backfill_portal.catalog.kinds import has_side_effects
 from backfill_portal.catalog.models import Dataset, Job
 
 
@@ -38,7 +39,7 @@ class LineageNode:
 
     @property
     def is_side_effect(self) -> bool:
-        return self.job.kind == "side_effect"
+        return has_side_effects(self.job.kind)
 
 
 class LineageGraph:

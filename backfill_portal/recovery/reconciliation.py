@@ -38,7 +38,6 @@ from backfill_portal.backfills.models import BackfillRequest, Interval, Reconcil
 from backfill_portal.backfills.selectors import request_get
 from backfill_portal.catalog.calendar import partition_for
 from backfill_portal.backfills.transitions import request_transition
-from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.catalog.tolerances import BASELINE_WINDOW, DEFAULT_MEASURE_REL, DEFAULT_ROW_BAND
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
@@ -112,7 +111,7 @@ def _nearest_downstream(dataset: Dataset) -> Dataset | None:
     """The dataset built directly from this one that best shows "this partition, one
     step downstream": not a side-effect node; preferably with a core measure, the same
     grain and timezone, and not cumulative (depends on its own past); then by name."""
-    jobs = list(Job.objects.filter(upstreams=dataset).exclude(kind=JobKind.SIDE_EFFECT).select_related("dataset"))
+    jobs = list(Job.objects.filter(upstreams=dataset).exclude(has_side_effects=True).select_related("dataset"))
     if not jobs:
         return None
     best = min(jobs, key=lambda j: (not j.dataset.core_measure, j.depends_on_past,

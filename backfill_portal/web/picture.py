@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backfill_portal.catalog.kinds import has_side_effects
 from backfill_portal.catalog.lineage import LineageGraph
 from backfill_portal.catalog.models import Dataset
 
@@ -128,7 +129,7 @@ def lineage_picture(graph: LineageGraph, *, root: str | None = None, req=None, c
     for name in names:
         job = jobs[name]
         action = (actions.get(name) or "untouched") if req is not None else ""
-        boxes[name] = PictureBox(key=name, kind="side_effect" if job.kind == "side_effect" else "job", job=name,
+        boxes[name] = PictureBox(key=name, kind="side_effect" if has_side_effects(job.kind) else "job", job=name,
                                  dataset=job.dataset, owner=job.owner, grain=job.grain, timezone=job.timezone,
                                  layer=layer[name], reads=job.reads, action=action)
     input_names = sorted(inputs or {})

@@ -13,7 +13,6 @@ from backfill_portal.backfills import policy
 from backfill_portal.backfills.choices import Cascade
 from backfill_portal.backfills.models import BackfillRequest, HandoffItem
 from backfill_portal.catalog.lineage import covered_partitions
-from backfill_portal.catalog.choices import JobKind
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
 from backfill_portal.core.services.audit import audit_record
 
@@ -29,7 +28,7 @@ def handoffs_open_for(*, request_id: int) -> list[HandoffItem]:
     deadline = timezone.now() + timedelta(hours=settings.HANDOFF_WINDOW_HOURS)
     items = []
     with transaction.atomic():
-        for consumer in request.job.dataset.consumers.exclude(kind=JobKind.SIDE_EFFECT).select_related("dataset__owner"):
+        for consumer in request.job.dataset.consumers.exclude(has_side_effects=True).select_related("dataset__owner"):
             parts = covered_partitions(grain=consumer.dataset.grain, timezone=consumer.dataset.timezone,
                                        start=request.range_start, end=request.range_end)
             item, made = HandoffItem.objects.get_or_create(

@@ -21,7 +21,6 @@ from backfill_portal.backfills.choices import Cascade, RequestStatus
 from backfill_portal.backfills.models import BackfillRequest, Interval
 from backfill_portal.catalog.calendar import interval_for_key
 from backfill_portal.backfills.services.requests import NodeAction
-from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.lineage import LineageGraph
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ValidationError
@@ -66,7 +65,7 @@ def backfill_request_create_partitions(*, actor, partitions: dict[str, list[str]
     names = sorted(wanted, key=lambda n: (order.get(n, len(order)), n))
     root = jobs[names[0]]
     authorised = set(side_effects)
-    node_actions = {n: NodeAction.SKIP if jobs[n].kind == JobKind.SIDE_EFFECT and n not in authorised
+    node_actions = {n: NodeAction.SKIP if jobs[n].has_side_effects and n not in authorised
                     else NodeAction.REBUILD for n in names[1:]}
     root_plan = planned[root.name]
     with transaction.atomic():
@@ -76,7 +75,7 @@ def backfill_request_create_partitions(*, actor, partitions: dict[str, list[str]
             range_start=root_plan[0].start, range_end=root_plan[-1].end, interval_count=len(root_plan),
             cascade=Cascade.CASCADE if len(names) > 1 else Cascade.NONE, node_actions=node_actions, parent=parent,
         )
-        effects = [jobs[n] for n in names if jobs[n].kind == JobKind.SIDE_EFFECT and n in authorised]
+        effects = [jobs[n] for n in names if jobs[n].has_side_effects and n in authorised]
         if effects:
             request.side_effects.set(effects)
         Interval.objects.bulk_create([

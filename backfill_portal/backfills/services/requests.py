@@ -25,7 +25,6 @@ from backfill_portal.backfills.transitions import (
     request_transition,
     step_transition,
 )
-from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.lineage import LineageGraph, covered_partitions
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ConflictError, ValidationError
@@ -85,7 +84,7 @@ def backfill_request_create(
     for name in side_effects or []:
         if name not in known:
             errors.setdefault("side_effects", []).append(f"job {name!r} does not exist")
-        elif known[name].kind != JobKind.SIDE_EFFECT:
+        elif not known[name].has_side_effects:
             errors.setdefault("side_effects", []).append(f"{name} is not a side-effect node; only those need authorising")
     if idempotency_key is not None and not (1 <= len(str(idempotency_key)) <= 128):
         errors.setdefault("idempotency_key", []).append("must be 1 to 128 characters")
@@ -277,7 +276,7 @@ def _persist_cascade(request: BackfillRequest, plan: list[CascadeNode]) -> None:
         rows += [Interval(request=request, job=node.job, position=i, partition_key=p.partition_key, start=p.start,
                           end=p.end, note=notes.get(p.partition_key, "") if node.action == NodeAction.REBUILD
                           else "skipped: " + (
-                              "side-effect node not authorised" if node.job.kind == JobKind.SIDE_EFFECT
+                              "side-effect node not authorised" if node.job.has_side_effects
                               else "skipped by the requester"))
                  for i, p in enumerate(node.partitions)]
     Interval.objects.bulk_create(rows, batch_size=2000)

@@ -17,7 +17,6 @@ from backfill_portal.backfills.models import BackfillRequest, Interval
 from backfill_portal.backfills.policy import require_operate
 from backfill_portal.backfills.selectors import request_get
 from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition, request_transition
-from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.rows import insert_row
@@ -202,7 +201,7 @@ def _cascade_candidates(request: BackfillRequest, budget: int) -> list[Interval]
 
 
 def _skip_reason(request: BackfillRequest, job: Job, authorised: set[int]) -> str:
-    if job.kind == JobKind.SIDE_EFFECT and job.pk not in authorised:
+    if job.has_side_effects and job.pk not in authorised:
         return "side-effect node not authorised by this request"
     if (request.node_actions or {}).get(job.name) == "skip":
         return "skipped by the requester"
@@ -230,7 +229,7 @@ def dispatch_request(*, request_id: int) -> int:
             return 0  # nothing starts while the warehouse refuses; its probe dispatches again
         jobs = _request_jobs(request)
         authorised = (set(request.side_effects.values_list("pk", flat=True))
-                      if any(j.kind == JobKind.SIDE_EFFECT for j in jobs.values()) else set())
+                      if any(j.has_side_effects for j in jobs.values()) else set())
         for job in jobs.values():
             reason = _skip_reason(request, job, authorised)
             if reason:

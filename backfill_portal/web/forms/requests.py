@@ -11,7 +11,6 @@ from django import forms
 
 from backfill_portal.backfills.choices import Cascade, Strategy
 from backfill_portal.backfills.models import MAX_ACTIVE_INTERVALS_LIMIT
-from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Job
 
 
@@ -83,14 +82,14 @@ class RequestForm(forms.Form):
         if jobs is None:
             jobs = list(Job.objects.select_related("dataset__owner").filter(dataset__is_source=False).order_by("name"))
         self.jobs = {job.name: job for job in jobs}
-        targets = [(j.name, self._label(j)) for j in jobs if j.kind != JobKind.SIDE_EFFECT]
-        effects = [(j.name, self._label(j)) for j in jobs if j.kind == JobKind.SIDE_EFFECT]
+        targets = [(j.name, self._label(j)) for j in jobs if not j.has_side_effects]
+        effects = [(j.name, self._label(j)) for j in jobs if j.has_side_effects]
         choices = [("", "— choose a job —"), ("Jobs", targets)]
         if effects:
             choices.append(("Side-effect nodes", effects))
         self.fields["job"].choices = choices
         self.fields["side_effects"].choices = [(j.name, f"{j.name} (owner: {j.dataset.owner.username})")
-                                               for j in jobs if j.kind == JobKind.SIDE_EFFECT]
+                                               for j in jobs if j.has_side_effects]
         if not self.is_bound and not self.initial.get("idempotency_key"):
             self.initial["idempotency_key"] = uuid.uuid4().hex
         self.show_confirm_overlap = False

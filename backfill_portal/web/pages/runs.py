@@ -5,7 +5,6 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.db.models import Q
 
-from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import NotFound
 from backfill_portal.core.web import application_errors, keyset_page, query_without, render_page
@@ -62,7 +61,7 @@ def outbox(request):
     if job:
         qs = qs.filter(job__name=job)
     page = keyset_page(qs, request.GET.get("before"))
-    effect_jobs = list(Job.objects.filter(kind=JobKind.SIDE_EFFECT).order_by("name").values_list("name", flat=True))
+    effect_jobs = list(Job.objects.filter(has_side_effects=True).order_by("name").values_list("name", flat=True))
     return render_page(request, "execution/outbox.html", {
         "page": page, "job": job, "effect_jobs": effect_jobs, "keep_query": query_without(request, "before"),
     })
