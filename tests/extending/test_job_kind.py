@@ -7,6 +7,11 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from backfill_portal.backfills.choices import RequestStatus, StepKind
+from backfill_portal.backfills.services.requests import (
+    backfill_request_create,
+    backfill_request_decide,
+    backfill_request_submit,
+)
 from backfill_portal.catalog import kinds
 from backfill_portal.catalog.kinds import JobKindBase, register_kind
 from backfill_portal.catalog.models import Job
@@ -107,3 +112,78 @@ def test_a_kind_cannot_claim_a_common_job_field():
         class Clash(JobKindBase):
             name = "clash"
             required = {"pool": "{kind} job {job} needs a pool"}
+
+
+PINGED = []
+
+PAGES_AND_PING = small_catalog(
+    """
+    - name: pages
+      owner: olivia
+      team: core-data
+      timezone: UTC
+      grain: day
+      business_key: [page]
+      columns:
+        - {name: page, type: text}
+    - name: page_ping
+      owner: finn
+      team: finance
+      timezone: UTC
+      grain: day
+      business_key: [ds]
+      columns:
+        - {name: ds, type: text}
+    """,
+    """
+    - name: pages
+      produces: pages
+      kind: sql
+      pool: warehouse
+      sql: "SELECT 'home' AS page"
+    - name: page_ping
+      produces: page_ping
+      reads: [pages]
+      kind: ping
+      pool: warehouse
+    """)
+
+
+@pytest.fixture
+def ping_kind():
+    """A side-effect kind of the test's own: what it says, not its name, makes it one."""
+    with kinds.registry.scoped(), executors.registry.scoped():
+
+        @register_kind
+        class Ping(JobKindBase):
+            name = "ping"
+            has_side_effects = True
+
+        @register_executor("ping")
+        def execute_ping(ctx):
+            PINGED.append(ctx.run.partition_key)
+            ctx.record_output_columns(["ds"])
+            return ctx.stage_rows([(ctx.run.partition_key,)])
+
+        PINGED.clear()
+        yield
+
+
+@pytest.mark.parametrize("authorised", [False, True])
+def test_a_new_side_effect_kind_runs_in_a_cascade_only_when_authorised(ping_kind, personas, task_queue, warehouse,
+                                                                      authorised):
+    catalog_sync(text=PAGES_AND_PING)
+    assert Job.objects.get(name="page_ping").has_side_effects
+    request, _ = backfill_request_create(actor=personas["alice"], job="pages", start="2022-10-01", end="2022-10-01",
+                                         reason="worked example", cascade="cascade",
+                                         side_effects=["page_ping"] if authorised else [])
+    assert request.node_actions == {"page_ping": "rebuild" if authorised else "skip"}
+    backfill_request_submit(actor=personas["alice"], request_id=request.pk, confirm_overlap=True)
+    assert [s.kind for s in request.approval_steps.order_by("pk")] == (
+        [StepKind.OWNER, StepKind.SIDE_EFFECT] if authorised else [StepKind.OWNER])
+    for step in request.approval_steps.select_related("approver"):
+        backfill_request_decide(actor=step.approver, request_id=request.pk, approve=True)
+    task_queue.drain()
+    assert PINGED == (["2022-10-01"] if authorised else [])
+    ping_runs = Run.objects.filter(request=request, job__name="page_ping")
+    assert [r.status for r in ping_runs] == ([RunStatus.PUBLISHED] if authorised else [])
