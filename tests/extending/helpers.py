@@ -24,7 +24,7 @@ def small_catalog(datasets: str, jobs: str) -> str:
         "jobs:\n" + textwrap.indent(textwrap.dedent(jobs), "  ")
 
 
-def approved_request(personas, job: str, *, day: str = "2022-10-01", approver: str = "olivia"):
+def approved_request(personas, job: str, *, day: str = "2022-10-01"):
     """Filed by alice, approved by every step's approver (admins for admin steps)."""
     request, _ = backfill_request_create(actor=personas["alice"], job=job, start=day, end=day, reason="worked example")
     backfill_request_submit(actor=personas["alice"], request_id=request.pk, confirm_overlap=True)

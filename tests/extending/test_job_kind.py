@@ -187,3 +187,60 @@ def test_a_new_side_effect_kind_runs_in_a_cascade_only_when_authorised(ping_kind
     assert PINGED == (["2022-10-01"] if authorised else [])
     ping_runs = Run.objects.filter(request=request, job__name="page_ping")
     assert [r.status for r in ping_runs] == ([RunStatus.PUBLISHED] if authorised else [])
+
+
+def test_a_kind_that_compiles_its_select_elsewhere_reads_the_pinned_upstream(personas, task_queue, warehouse):
+    """The shape of a dbt executor: compile a SELECT over `ctx.ref_sql(upstream)` (the
+    upstream exactly as this run pinned it) and hand it to `ctx.stage_select`."""
+    with kinds.registry.scoped(), executors.registry.scoped():
+
+        @register_kind
+        class Compiled(JobKindBase):
+            name = "compiled"
+            required = {"model": "{kind} job {job} has no model"}
+
+        @register_executor("compiled")
+        def execute_compiled(ctx):
+            upstream = ctx.definition["reads"][0]
+            return ctx.stage_select(f"SELECT UPPER(m.page) AS page FROM {ctx.ref_sql(upstream)} AS m")
+
+        catalog_sync(text=small_catalog(
+            """
+            - name: pages
+              owner: olivia
+              team: core-data
+              timezone: UTC
+              grain: day
+              business_key: [page]
+              columns:
+                - {name: page, type: text}
+            - name: pages_loud
+              owner: finn
+              team: finance
+              timezone: UTC
+              grain: day
+              business_key: [page]
+              columns:
+                - {name: page, type: text}
+            """,
+            """
+            - name: pages
+              produces: pages
+              kind: sql
+              pool: warehouse
+              sql: "SELECT 'home' AS page"
+            - name: pages_loud
+              produces: pages_loud
+              reads: [pages]
+              kind: compiled
+              model: shout
+              pool: warehouse
+            """))
+        upstream = approved_request(personas, "pages")
+        task_queue.drain()
+        request = approved_request(personas, "pages_loud")
+        task_queue.drain()
+        run = Run.objects.get(request=request)
+        assert run.status == RunStatus.PUBLISHED, run.error
+        assert [r["page"] for r in warehouse.read_partition("pages_loud", "2022-10-01")] == ["HOME"]
+        assert run.consumptions.get().version.run.request_id == upstream.pk
