@@ -26,7 +26,6 @@ from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.choices import RequestStatus as R
 from backfill_portal.backfills.models import BackfillRequest, HandoffItem, Interval, Reconciliation
 from backfill_portal.backfills.services.handoff import handoffs_open_for
-from backfill_portal.catalog.choices import JobKind
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.services.audit import audit_record
@@ -171,7 +170,7 @@ def handoffs_open_lost(*, now=None) -> int:
     (request, job) (a unique constraint), so a late hand-off or a second sweep opens
     nothing more. Returns how many requests it opened items for."""
     cutoff = _cutoff(now)
-    consumers = Job.objects.filter(upstreams=OuterRef("job__dataset")).exclude(kind=JobKind.SIDE_EFFECT)
+    consumers = Job.objects.filter(upstreams=OuterRef("job__dataset")).exclude(has_side_effects=True)
     stuck = (BackfillRequest.objects.filter(cascade=Cascade.HANDOFF, status__in=[R.RECONCILING, R.COMPLETED])
              .filter(Exists(consumers), ~Exists(HandoffItem.objects.filter(request=OuterRef("pk")))).order_by("pk"))
     opened = 0
