@@ -278,8 +278,8 @@ DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'portal.sqlite3'}"
 DATABASES = {"default": database_config(DATABASE_URL, PROCESS_KIND)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# The warehouse is a second database reached only through the adapter
-# (backfill_portal.warehouse.adapter), never through the ORM.
+# The warehouse is a second database reached only through its backend, chosen by the
+# URL's scheme (backfill_portal.backends: sqlite, postgresql), never through the ORM.
 WAREHOUSE_URL = env_str("WAREHOUSE_URL", f"sqlite:///{VAR_DIR / 'warehouse.sqlite3'}")
 
 # Warehouse sessions (PostgreSQL): no statement waits on a lock longer than this; a

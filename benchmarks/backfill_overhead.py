@@ -53,12 +53,12 @@ from backfill_portal.backfills import tasks as backfill_tasks  # noqa: E402, F40
 from backfill_portal.execution import tasks  # noqa: E402, F401
 from backfill_portal.recovery import tasks as recovery_tasks  # noqa: E402, F401
 from backfill_portal.execution.executors import source_sql  # noqa: E402
+from backfill_portal.backends import get_warehouse  # noqa: E402
 from backfill_portal.web.demo.sources import load_demo_sources  # noqa: E402
-from backfill_portal.warehouse.registry import get_warehouse  # noqa: E402
 
 settings.DEBUG = False  # as deployed: no per-query logging
 warehouse = get_warehouse()
-db = warehouse.db
+db = warehouse  # a SQL backend: its plain statements build the direct-SQL twin
 t = time.perf_counter()
 load_demo_sources(db, first=FIRST, last=LAST, orders_per_day=ORDERS)
 print(f"{label} warehouse ({db.dialect}): source data loaded in {time.perf_counter() - t:.1f}s, {ORDERS} orders/day")
@@ -243,22 +243,16 @@ overhead = (p - d) / 90 * 1000
 def breakdown() -> str:
     """One more portal backfill, outside the timed rounds, with its SQL timed: where
     the per-interval time goes (warehouse statements, metadata queries, the rest)."""
-    from backfill_portal.warehouse.db import WarehouseDB
-
     spent = {"staging": 0.0, "warehouse": 0.0, "metadata": 0.0, "queries": 0}
-    originals = {name: getattr(WarehouseDB, name) for name in ("execute", "query", "stream")}
 
-    def timed(name):
-        def call(self, statement, *args, **kwargs):
-            t = time.perf_counter()
-            try:
-                result = originals[name](self, statement, *args, **kwargs)
-                return list(result) if name == "stream" else result
-            finally:
-                key = "staging" if statement.lstrip().startswith("INSERT INTO") and "__versions" in statement[:80] \
-                    else "warehouse"
-                spent[key] += time.perf_counter() - t
-        return call
+    def timed(call, statement):
+        t = time.perf_counter()
+        try:
+            return call()
+        finally:
+            key = "staging" if statement.lstrip().startswith("INSERT INTO") and "__versions" in statement[:80] \
+                else "warehouse"
+            spent[key] += time.perf_counter() - t
 
     def metadata(execute, sql, params, many, context):
         t = time.perf_counter()
@@ -268,14 +262,8 @@ def breakdown() -> str:
             spent["metadata"] += time.perf_counter() - t
             spent["queries"] += 1
 
-    for name in originals:
-        setattr(WarehouseDB, name, timed(name))
-    try:
-        with connection.execute_wrapper(metadata):
-            total = portal()
-    finally:
-        for name, original in originals.items():
-            setattr(WarehouseDB, name, original)
+    with warehouse.execute_wrapper(timed), connection.execute_wrapper(metadata):
+        total = portal()
     ms = {k: v / 90 * 1000 for k, v in spent.items() if k != "queries"}
     rest = total / 90 * 1000 - sum(ms.values())
     return (f"portal per interval: staging INSERT {ms['staging']:.0f} ms; other warehouse SQL (marker numbers and "

@@ -7,10 +7,11 @@ directly, in one run. The portal itself no longer scans the rows here: each vers
 commit marker holds its numbers, taken when it was staged (that cost is in
 backfill_overhead.py); the time of reading them is printed too.
 
-The data is built fast rather than by 2,000 real runs: rows inserted straight into the
-versions table with their commit markers, pointers and publication history, and the
-metadata rows (runs, versions, publications, consumption, checks) bulk-created to look
-exactly as the pipeline leaves them. Each interval has a "before" version (current at
+The data is built fast rather than by 2,000 real runs: each version staged and published
+through the warehouse backend's own operations (`stage_rows`, `publish`: rows, commit
+marker with its numbers, pointer and history, many to a transaction), and the metadata
+rows (runs, versions, publications, consumption, checks) bulk-created to look exactly
+as the pipeline leaves them. Each interval has a "before" version (current at
 submission) and an "after" version (this request's), ROWS_PER_VERSION rows each, and a
 published dws_sales_daily partition built on the after version.
 
@@ -40,12 +41,11 @@ from backfill_portal.recovery.reconciliation import reconciliation_compute  # no
 from backfill_portal.backfills.services.requests import backfill_request_create  # noqa: E402
 from backfill_portal.catalog.models import Dataset, Job  # noqa: E402
 from backfill_portal.execution.models import CheckResult, Run  # noqa: E402
+from backfill_portal.backends import get_warehouse  # noqa: E402
+from backfill_portal.catalog.specs import spec_for  # noqa: E402
 from backfill_portal.warehouse.models import Consumption, Publication, Version  # noqa: E402
-from backfill_portal.warehouse.registry import get_warehouse, spec_for  # noqa: E402
-from backfill_portal.warehouse.services.profiles import measure_statement, profile_statements  # noqa: E402
 
 warehouse = get_warehouse()
-db = warehouse.db
 alice = User.objects.get(username="alice")
 job = Job.objects.select_related("dataset", "current_code_version").get(name="dwd_order_items")
 down_job = Job.objects.select_related("dataset", "current_code_version").get(name="dws_sales_daily")
@@ -84,46 +84,37 @@ with transaction.atomic():
     down_runs = Run.objects.bulk_create(new_runs(down_job, "scheduled", "published", tag="d"), batch_size=1000)
 
 rng = random.Random(7)
-columns = [f'"{c}"' for c in (*spec.column_names, "_run_id", "_partition", "_attempt")]
-down_columns = [f'"{c}"' for c in (*down_spec.column_names, "_run_id", "_partition", "_attempt")]
-now_ts = db.ts(submitted)
-versions, markers, sums = [], [], {}
-with db.transaction():
-    for runs in (before_runs, after_runs):
-        for run in runs:
-            rows, total = [], 0.0
-            for i in range(ROWS_PER_VERSION):
-                amount = round(rng.uniform(5, 900), 2)
-                total += amount
-                rows.append((f"o{run.partition_key}-{i // 2}", f"i{i % 2}", f"c{i % 97}", CATEGORIES[i % 8], amount,
-                             "paid", now_ts, now_ts, run.run_id, run.partition_key, 1))
-            db.bulk_insert('"dwd_order_items__versions"', columns, rows)
-            # The marker as staging writes it: with the version's numbers.
-            markers.append((run.run_id, 1, dwd.name, run.partition_key, ROWS_PER_VERSION, "f" * 32, now_ts,
-                            0, ROWS_PER_VERSION, round(total, 6), spec.numbers_of))
-            sums[run.run_id] = total
-    for run in down_runs:
-        rows = [(run.partition_key, c, 1, 2, round(rng.uniform(100, 9000), 2), run.run_id, run.partition_key, 1)
-                for c in CATEGORIES]
-        db.bulk_insert('"dws_sales_daily__versions"', down_columns, rows)
-        markers.append((run.run_id, 1, dws.name, run.partition_key, len(CATEGORIES), "f" * 32, now_ts,
-                        0, len(CATEGORIES), round(sum(r[4] for r in rows), 6), down_spec.numbers_of))
-    db.executemany('INSERT INTO "_bf_markers" ("run_id", "attempt_no", "dataset", "partition", "row_count", '
-                   '"fingerprint", "committed_at", "null_keys", "distinct_keys", "measure_sum", "numbers_of") '
-                   'VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', markers)
-    db.executemany('INSERT INTO "_bf_current" VALUES (?, ?, ?, ?)',
-                   [(dwd.name, r.partition_key, r.run_id, now_ts) for r in after_runs]
-                   + [(dws.name, r.partition_key, r.run_id, now_ts) for r in down_runs])
-    db.executemany('INSERT INTO "_bf_publications" ("dataset", "partition", "run_id", "previous_run_id", "action", '
-                   '"actor", "published_at") VALUES (?, ?, ?, ?, ?, ?, ?)',
-                   [(dwd.name, b.partition_key, b.run_id, None, "publish", "bench", now_ts) for b in before_runs]
-                   + [(dwd.name, a.partition_key, a.run_id, b.run_id, "publish", "bench", now_ts)
-                      for a, b in zip(after_runs, before_runs)])
+sums, fingerprints = {}, {}
+BATCH = 100  # versions per warehouse transaction: few commits, few advisory locks held at once
+
+
+def staged(run, spec_, rows, *, expected=None):
+    marker = warehouse.stage_rows(spec=spec_, run_id=run.run_id, attempt_no=1, partition=run.partition_key, rows=rows)
+    warehouse.publish(spec_or_name=spec_, partition=run.partition_key, run_id=run.run_id, expected_run_id=expected,
+                      actor="bench")
+    fingerprints[run.run_id] = marker.fingerprint
+
+
+for start in range(0, INTERVALS, BATCH):
+    with warehouse.transaction():
+        for before, after, down in zip(*(runs[start:start + BATCH] for runs in (before_runs, after_runs, down_runs))):
+            for run, expected in ((before, None), (after, before.run_id)):
+                rows, total = [], 0.0
+                for i in range(ROWS_PER_VERSION):
+                    amount = round(rng.uniform(5, 900), 2)
+                    total += amount
+                    rows.append((f"o{run.partition_key}-{i // 2}", f"i{i % 2}", f"c{i % 97}", CATEGORIES[i % 8],
+                                 amount, "paid", submitted, submitted))
+                staged(run, spec, rows, expected=expected)
+                sums[run.run_id] = total
+            staged(down, down_spec, [(down.partition_key, c, 1, 2, round(rng.uniform(100, 9000), 2))
+                                     for c in CATEGORIES])
 
 with transaction.atomic():
     made = Version.objects.bulk_create(
         [Version(run=r, dataset=dws if r.job_id == down_job.pk else dwd, partition_key=r.partition_key,
-                 row_count=len(CATEGORIES) if r.job_id == down_job.pk else ROWS_PER_VERSION, fingerprint="f" * 32,
+                 row_count=len(CATEGORIES) if r.job_id == down_job.pk else ROWS_PER_VERSION,
+                 fingerprint=fingerprints[r.run_id],
                  committed_attempt=1, committed_at=submitted) for r in (*before_runs, *after_runs, *down_runs)],
         batch_size=1000)
     by_run = {v.run_id: v for v in made}
@@ -147,8 +138,8 @@ with transaction.atomic():
         [CheckResult(run=a, name="measure_vs_source", passed=True, checked_at=submitted,
                      observed={"measure": "amount", "version": sums[a.run_id], "source": sums[a.run_id]})
          for a in after_runs], batch_size=1000)
-(total_rows,) = db.query('SELECT COUNT(*) FROM "dwd_order_items__versions"')[0]
-print(f"{label} metadata, {db.dialect} warehouse: {INTERVALS} intervals, {total_rows:,} dwd rows "
+total_rows = sum(n.row_count for n in warehouse.profile_many(spec=spec, run_ids=[r.run_id for r in (*before_runs, *after_runs)]).values())
+print(f"{label} metadata, {warehouse.dialect} warehouse: {INTERVALS} intervals, {total_rows:,} dwd rows "
       f"built in {time.perf_counter() - t0:.1f}s")
 
 # -- measure ----------------------------------------------------------------------------------
@@ -165,13 +156,13 @@ def bare() -> float:
     t = time.perf_counter()
     for i in range(0, len(run_ids), 500):
         chunk = run_ids[i:i + 500]
-        for statement in profile_statements(spec, len(chunk)):
-            db.query(statement, chunk)
+        for statement in warehouse.profile_statements(spec, len(chunk)):
+            warehouse.query(statement, chunk)
     for i in range(0, len(partitions), 500):
         warehouse.current_many(dws.name, partitions[i:i + 500])
     for i in range(0, len(down_ids), 500):
         chunk = down_ids[i:i + 500]
-        db.query(measure_statement(down_spec, len(chunk)), chunk)
+        warehouse.query(warehouse.measure_statement(down_spec, len(chunk)), chunk)
     return time.perf_counter() - t
 
 

@@ -355,8 +355,7 @@ def warehouse_url(settings, tmp_path):
     import os
     import uuid
 
-    from backfill_portal.warehouse.db import get_warehouse_db
-    from backfill_portal.warehouse.registry import reset_warehouse_cache
+    from backfill_portal.backends import reset_warehouse_cache
 
     base = os.environ.get("WAREHOUSE_URL", "")
     dropper = None
@@ -377,15 +376,14 @@ def warehouse_url(settings, tmp_path):
     settings.WAREHOUSE_URL = url
     reset_warehouse_cache()
     yield url
-    get_warehouse_db(url).close()
-    reset_warehouse_cache()
+    reset_warehouse_cache()  # closes this thread's connections
     if dropper:
         dropper()
 
 
 @pytest.fixture
 def warehouse(warehouse_url):
-    from backfill_portal.warehouse.registry import get_warehouse
+    from backfill_portal.backends import get_warehouse
 
     return get_warehouse(warehouse_url)
 
@@ -397,7 +395,7 @@ def demo_sources(warehouse):
 
     from backfill_portal.web.demo.sources import load_demo_sources
 
-    return load_demo_sources(warehouse.db, first=date(2022, 9, 28), last=date(2022, 10, 8),
+    return load_demo_sources(warehouse, first=date(2022, 9, 28), last=date(2022, 10, 8),
                              orders_per_day=150, page_views_per_hour=20)
 
 

@@ -19,24 +19,15 @@ def check_database() -> None:
 
 
 def check_warehouse() -> None:
-    from backfill_portal.warehouse.db import parse_url
+    from backfill_portal.backends import WarehouseUnavailable, probe_warehouse
 
-    dialect, target = parse_url(settings.WAREHOUSE_URL)
-    if dialect == "sqlite":
-        import sqlite3
-
-        # mode=rw: a missing file is an error here, not a new empty warehouse.
-        conn = sqlite3.connect(f"file:{target}?mode=rw", uri=True, timeout=settings.HEALTH_CHECK_TIMEOUT)
-    else:
-        import psycopg
-
-        # A connection of its own, with a connect timeout: the adapter's cached
-        # connection would wait for the operating system's TCP timeout on a dead link.
-        conn = psycopg.connect(target, connect_timeout=settings.HEALTH_CHECK_TIMEOUT, autocommit=True)
+    # A connection of its own, with a connect timeout: the backend's cached connection
+    # would wait for the operating system's TCP timeout on a dead link. The probe
+    # creates nothing: a SQLite warehouse whose file is gone is down.
     try:
-        conn.execute("SELECT 1")
-    finally:
-        conn.close()
+        probe_warehouse(settings.WAREHOUSE_URL, timeout=settings.HEALTH_CHECK_TIMEOUT)
+    except WarehouseUnavailable as exc:
+        raise (exc.__cause__ or exc) from None  # the driver's own error names the cause
 
 
 def check_broker() -> None:

@@ -17,7 +17,7 @@ explains it after the rollback.
 
 Each interval is `matched`, `explained` or `unexplained`; sign-off is refused while
 any is unexplained. All warehouse numbers come from grouped queries over every run of
-the request at once (warehouse.services.profiles), never one query per interval.
+the request at once (the backend's profile_many, measure_many, current_many), never one query per interval.
 """
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import CheckResult, Run
 from backfill_portal.execution.transitions import RUN_ACTIVE
 from backfill_portal.warehouse.models import Consumption, Contamination, Publication
-from backfill_portal.warehouse.registry import get_warehouse, spec_for
-from backfill_portal.warehouse.services.profiles import current_many, measure_many, profile_many
+from backfill_portal.backends import get_warehouse
+from backfill_portal.catalog.specs import spec_for
 
 _CHUNK = 500
 # A run whose version was published at some point (it may since have been replaced).
@@ -276,7 +276,7 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
         baselines = _baselines(before, partitions)
         before_runs = {p: before[p] for p in partitions if p in before}
         after_ids = [after_runs[iv["id"]][1] for iv in ivs if iv["id"] in after_runs]
-        numbers = profile_many(warehouse, spec=spec, run_ids=after_ids + [
+        numbers = warehouse.profile_many(spec=spec, run_ids=after_ids + [
             v.run_id for v in before_runs.values() if not v.purged])
         inputs = _inputs([after_runs[iv["id"]][0] for iv in ivs if iv["id"] in after_runs]
                          + [v.run_pk for v in before_runs.values()])
@@ -290,8 +290,8 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
             for iv in ivs:
                 down_parts[iv["partition_key"]] = iv["partition_key"] if same_grain else partition_for(
                     grain=downstream.grain, timezone=downstream.timezone, at=iv["start"]).partition_key
-            down_current = current_many(warehouse, name=downstream.name, partitions=list(down_parts.values()))
-            down_values = measure_many(warehouse, spec=spec_for(downstream), run_ids=down_current.values())
+            down_current = warehouse.current_many(downstream.name, list(down_parts.values()))
+            down_values = warehouse.measure_many(spec=spec_for(downstream), run_ids=down_current.values())
             for chunk in _chunks(sorted(set(down_current.values()))):
                 for run_id, part, read_run in Consumption.objects.filter(
                         run__run_id__in=chunk, dataset=dataset).values_list(

@@ -22,14 +22,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from backfill_portal.backends import PurgeRefused, get_warehouse
 from backfill_portal.catalog.models import Dataset
+from backfill_portal.catalog.specs import spec_for
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.transitions import RUN_ACTIVE
-from backfill_portal.warehouse.adapter import PurgeRefused
-from backfill_portal.warehouse.models import Consumption, Publication, Version
-from backfill_portal.warehouse.registry import get_warehouse, spec_for
-from backfill_portal.warehouse.services.profiles import current_many
 from backfill_portal.recovery.rollback import previous_verified
+from backfill_portal.warehouse.models import Consumption, Publication, Version
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ logger = logging.getLogger(__name__)
 def _protected(dataset: Dataset, partitions: list[str], *, cutoff) -> set[int]:
     """Version ids of `dataset` in `partitions` that must stay, per the module docstring."""
     keep: set[int] = set()
-    current = current_many(get_warehouse(), name=dataset.name, partitions=partitions)
+    current = get_warehouse().current_many(dataset.name, partitions)
     history: dict[str, list[Publication]] = defaultdict(list)
     for i in range(0, len(partitions), 500):
         for pub in (Publication.objects.filter(dataset=dataset, partition_key__in=partitions[i:i + 500])

@@ -39,7 +39,7 @@ from backfill_portal.execution.models import Run
 from backfill_portal.execution.queue import enqueue
 from backfill_portal.execution.transitions import run_transition
 from backfill_portal.warehouse.models import Consumption, Contamination, Publication, Version
-from backfill_portal.warehouse.registry import get_warehouse
+from backfill_portal.backends import PointerMove, get_warehouse
 
 logger = logging.getLogger(__name__)
 
@@ -181,12 +181,11 @@ def _plan_request(request: BackfillRequest) -> list[Move]:
 def _move_pointers(moves: list[Move], *, actor) -> None:
     """In one warehouse transaction, compare-and-set every pointer back: one lost race
     rolls all of them back (PublishConflict, a 409), so nothing changed."""
-    warehouse = get_warehouse()
     label = getattr(actor, "username", None) or "system"
-    with warehouse.db.transaction():
-        for move in moves:
-            warehouse.rollback(name=move.dataset.name, partition=move.partition_key, to_run_id=move.target.run.run_id,
-                               expected_run_id=move.current.run.run_id, actor=label)
+    get_warehouse().rollback_many(
+        [PointerMove(name=move.dataset.name, partition=move.partition_key, to_run_id=move.target.run.run_id,
+                     expected_run_id=move.current.run.run_id) for move in moves],
+        actor=label)
 
 
 def _mirror(moves: list[Move], *, actor, reason: str, then=None) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.errors import NotFound
 from backfill_portal.warehouse.models import Publication, Version
-from backfill_portal.warehouse.registry import get_warehouse
+from backfill_portal.backends import get_warehouse
 
 
 def partition_state(*, dataset_name: str, partition_key: str) -> dict:

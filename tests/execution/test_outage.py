@@ -16,7 +16,7 @@ from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.services.dispatch import dispatch_request, warehouse_probe_and_resume
 from backfill_portal.execution.services.runs import run_execute
 from backfill_portal.warehouse.models import WarehouseOutage
-from backfill_portal.warehouse.registry import reset_warehouse_cache
+from backfill_portal.backends import reset_warehouse_cache
 from tests.execution.test_pipeline import approved_request
 
 pytestmark = pytest.mark.django_db(transaction=True)

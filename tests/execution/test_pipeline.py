@@ -23,7 +23,7 @@ from backfill_portal.execution.models import Attempt, CheckResult, Delivery, Run
 from backfill_portal.execution.services import runs as runs_service
 from backfill_portal.execution.services.dispatch import dispatch_all, request_pause, request_resume, request_retry_failed
 from backfill_portal.warehouse.models import Consumption, Publication, Version
-from backfill_portal.warehouse.registry import spec_for
+from backfill_portal.catalog.specs import spec_for
 from tests.execution import jobs as test_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,9 +43,9 @@ def approved_request(personas, job="dwd_order_items", start="2022-10-01", end="2
 
 def expected_latest_items(warehouse, run):
     """What dwd_order_items must hold for an interval, computed independently."""
-    rows = warehouse.db.query_dicts(
+    rows = warehouse.query_dicts(
         "SELECT * FROM ods_order_events WHERE event_time >= ? AND event_time < ?",
-        (warehouse.db.ts(run.data_interval_start), warehouse.db.ts(run.data_interval_end)))
+        (warehouse.ts(run.data_interval_start), warehouse.ts(run.data_interval_end)))
     latest = {}
     for r in rows:
         if r["item_id"] is None:

@@ -23,7 +23,7 @@ from backfill_portal.execution.models import Attempt, CheckResult, Run
 from backfill_portal.execution.services.dispatch import dispatch_request
 from backfill_portal.execution.services.runs import attempts_sweep_lost
 from backfill_portal.warehouse.models import Publication
-from backfill_portal.warehouse.registry import spec_for
+from backfill_portal.catalog.specs import spec_for
 from tests.conftest import TEST_CATALOG
 from tests.execution.test_pipeline import approved_request
 from tests.workers import BROKER, ROOT, worker_env

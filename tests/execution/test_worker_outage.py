@@ -20,7 +20,7 @@ from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.choices import AttemptStatus, RunStatus
 from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.warehouse.models import Publication, WarehouseOutage
-from backfill_portal.warehouse.registry import spec_for
+from backfill_portal.catalog.specs import spec_for
 from tests.execution.test_pipeline import approved_request
 from tests.workers import BROKER, stop
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = {"A job kind": "seed_kind.py", "A verification check": "row_ceiling_check.py",
-            "An approval rule": "finance_rule.py"}
+EXAMPLES = {"A warehouse backend": "sqlite_logged.py", "A job kind": "seed_kind.py",
+            "A verification check": "row_ceiling_check.py", "An approval rule": "finance_rule.py"}
 
 
 def section(title: str) -> str:

@@ -107,7 +107,7 @@ def test_authorised_side_effect_in_a_cascade_delivers_exactly_once_per_partition
     run = Run.objects.filter(request=request, job__name="notify_finance").first()
     pins = PinnedInputs(versions={c.dataset.name: {c.partition_key: c.version.run.run_id}
                                   for c in Consumption.objects.filter(run=run).select_related("dataset", "version__run")})
-    deliver_side_effect(run, __import__("backfill_portal.warehouse.registry", fromlist=["x"]).get_warehouse(), pins,
+    deliver_side_effect(run, __import__("backfill_portal.backends", fromlist=["x"]).get_warehouse(), pins,
                         run.code_version.definition)
     assert deliveries.count() == 7
 

@@ -352,7 +352,7 @@ def pipeline(people, warehouse, task_queue):
     """Source data for the Shanghai day DAY (the UTC days around it), small."""
     from backfill_portal.web.demo.sources import load_demo_sources
 
-    load_demo_sources(warehouse.db, first=date(2022, 9, 30), last=date(2022, 10, 2), orders_per_day=20,
+    load_demo_sources(warehouse, first=date(2022, 9, 30), last=date(2022, 10, 2), orders_per_day=20,
                       page_views_per_hour=1)
     return task_queue
 

@@ -103,7 +103,7 @@ def history(personas, catalog, demo_sources, task_queue, warehouse):
     deploy()
     for job in ("dwd_order_items", "dws_sales_daily", "running_totals", "totals_snapshot"):
         assert run_to_end(personas, task_queue, job=job, start=DAYS[0], end=DAYS[-1]).status == RequestStatus.RECONCILING
-    assert correct_source_day(warehouse.db, day=date(2022, 10, 2), factor_category="apparel", seed=13) > 0
+    assert correct_source_day(warehouse, day=date(2022, 10, 2), factor_category="apparel", seed=13) > 0
     for job in ("dwd_order_items", "dws_sales_daily"):
         assert run_to_end(personas, task_queue, job=job, start=DAYS[1], end=DAYS[1]).status == RequestStatus.RECONCILING
     old = {day: current_run(warehouse, "running_totals", day) for day in DAYS}

@@ -77,7 +77,7 @@ def test_two_am_incident_doubled_partitions_are_unexplained_and_the_corrected_ba
 def test_source_changed_between_runs_is_labelled_recomputed_and_sign_off_needs_an_explanation(
         personas, ready, warehouse, api):
     run_request(personas, ready, start="2022-10-01", end="2022-10-02")
-    added = correct_source_day(warehouse.db, day=date(2022, 10, 1), factor_category="apparel", seed=3,
+    added = correct_source_day(warehouse, day=date(2022, 10, 1), factor_category="apparel", seed=3,
                                now=datetime(2022, 10, 15, 8, 0, tzinfo=timezone.utc))
     assert added > 0
     again = run_request(personas, ready, start="2022-10-01", end="2022-10-02")

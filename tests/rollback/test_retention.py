@@ -18,7 +18,7 @@ DAY = "2022-10-01"
 
 
 def stored_rows(warehouse, run) -> int:
-    return warehouse.db.query('SELECT COUNT(*) FROM "dwd_order_items__versions" WHERE "_run_id" = ?',
+    return warehouse.query('SELECT COUNT(*) FROM "dwd_order_items__versions" WHERE "_run_id" = ?',
                               (run.run_id,))[0][0]
 
 

@@ -20,9 +20,10 @@ import pytest
 import yaml
 
 import backfill_portal
+from backfill_portal.backends import make_warehouse
+from backfill_portal.backends.sql import SqlWarehouse
 from backfill_portal.catalog.choices import COLUMN_TYPES
 from backfill_portal.web.demo import sources as demo_data
-from backfill_portal.warehouse.db import WarehouseDB
 from backfill_portal.web.demo.sources import (
     ORDER_EVENTS,
     PAGE_EVENTS,
@@ -68,18 +69,18 @@ class _Databases:
     def __init__(self, dialect: str, tmp_dir: Path):
         self.dialect = dialect
         self.tmp_dir = tmp_dir
-        self.made: list[tuple[WarehouseDB, str]] = []
+        self.made: list[tuple[SqlWarehouse, str]] = []
 
-    def new(self) -> WarehouseDB:
+    def new(self) -> SqlWarehouse:
         name = f"bf_demo_test_{uuid.uuid4().hex[:10]}"
         if self.dialect == "sqlite":
-            db = WarehouseDB(f"sqlite:///{self.tmp_dir / (name + '.sqlite3')}")
+            db = make_warehouse(f"sqlite:///{self.tmp_dir / (name + '.sqlite3')}")
         else:
             import psycopg
 
             with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
                 admin.execute(f"CREATE DATABASE {name}")
-            db = WarehouseDB(PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name)
+            db = make_warehouse(PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name)
         self.made.append((db, name))
         return db
 
@@ -135,7 +136,7 @@ def loaded_db(request):
 
 
 # -- helpers ----------------------------------------------------------------------------
-def _dump(db: WarehouseDB) -> dict[str, list[tuple]]:
+def _dump(db: SqlWarehouse) -> dict[str, list[tuple]]:
     return {
         table: db.query(f"SELECT * FROM {table} ORDER BY {order}")
         for table, order in (
@@ -165,7 +166,7 @@ def _norm_rows(rows) -> list[tuple]:
     return sorted((tuple(_norm(v) for v in row) for row in rows), key=repr)
 
 
-def _count(db: WarehouseDB, table: str) -> int:
+def _count(db: SqlWarehouse, table: str) -> int:
     return db.query(f"SELECT COUNT(*) FROM {table}")[0][0]
 
 
@@ -174,7 +175,7 @@ def load_catalog() -> dict:
     return yaml.safe_load(CATALOG_PATH.read_text())
 
 
-def _sql_type(db: WarehouseDB, declared: str) -> str:
+def _sql_type(db: SqlWarehouse, declared: str) -> str:
     if db.dialect == "sqlite":
         return {"text": "TEXT", "integer": "INTEGER", "numeric": "REAL", "timestamp": "TEXT",
                 "date": "TEXT", "boolean": "INTEGER"}[declared]
@@ -183,7 +184,7 @@ def _sql_type(db: WarehouseDB, declared: str) -> str:
 
 
 class Renderer:
-    def __init__(self, db: WarehouseDB, catalog: dict):
+    def __init__(self, db: SqlWarehouse, catalog: dict):
         self.db = db
         self.datasets = {d["name"]: d for d in catalog["datasets"]}
         self.jobs = {j["name"]: j for j in catalog["jobs"]}
@@ -221,8 +222,7 @@ class Renderer:
         )
 
     def output_columns(self, rendered: str) -> list[str]:
-        cur = self.db.conn.execute(f"SELECT * FROM ({rendered}) AS q WHERE 1 = 0")
-        return [d[0] for d in cur.description]
+        return self.db.columns_of(rendered)
 
     def materialise(self, job: str, *, start: datetime, end: datetime, partition_key: str,
                     previous_key: str | None = None) -> str:
@@ -251,7 +251,7 @@ class Renderer:
         return failures
 
 
-def _build_daily(db: WarehouseDB, catalog: dict) -> Renderer:
+def _build_daily(db: SqlWarehouse, catalog: dict) -> Renderer:
     """Materialise every daily SQL job for DAYS, upstream first, in day order."""
     renderer = Renderer(db, catalog)
     previous = None
@@ -359,8 +359,8 @@ def test_page_events_follow_new_york_hours_through_the_dst_change(loaded_db):
 
 
 def test_fast_timestamps_are_exactly_what_db_ts_stores(tmp_path):
-    sqlite = WarehouseDB(f"sqlite:///{tmp_path / 'w.sqlite3'}")
-    postgres = WarehouseDB("postgresql://nobody@127.0.0.1:1/none")  # never connects
+    sqlite = make_warehouse(f"sqlite:///{tmp_path / 'w.sqlite3'}")
+    postgres = make_warehouse("postgresql://nobody@127.0.0.1:1/none")  # never connects
     day_start = int(datetime(2022, 11, 5, 16, tzinfo=timezone.utc).timestamp())
     on_sqlite = demo_data.timestamp_formatter(sqlite, day_start)
     on_pg = demo_data.timestamp_formatter(postgres, day_start)
@@ -379,12 +379,12 @@ def test_generation_in_a_child_process_gives_the_same_rows(tmp_path, monkeypatch
             super().__init__(*args, **kwargs)
 
     small = {**SMALL, "orders_per_day": 30, "page_views_per_hour": 4}
-    serial = WarehouseDB(f"sqlite:///{tmp_path / 'serial.sqlite3'}")
+    serial = make_warehouse(f"sqlite:///{tmp_path / 'serial.sqlite3'}")
     monkeypatch.setattr(demo_data, "PARALLEL_MIN_DAYS", 1000)
     load_demo_sources(serial, **small)
     assert not used
 
-    parallel = WarehouseDB(f"sqlite:///{tmp_path / 'parallel.sqlite3'}")
+    parallel = make_warehouse(f"sqlite:///{tmp_path / 'parallel.sqlite3'}")
     monkeypatch.setattr(demo_data, "PARALLEL_MIN_DAYS", 1)
     monkeypatch.setattr(demo_data, "ProcessPoolExecutor", RecordingPool)
     monkeypatch.setattr(demo_data.threading, "active_count", lambda: 1)  # a plugin's thread is harmless here

@@ -39,14 +39,14 @@ def failing_rows(warehouse, assertions: list[str | Exception]) -> list[int | Exc
     if not runnable:
         return results
     try:
-        counts = warehouse.db.query("SELECT " + ", ".join(
+        counts = warehouse.query("SELECT " + ", ".join(
             f"(SELECT COUNT(*) FROM ({sql}) AS q{i})" for i, sql in runnable))[0]
         for (i, _), n in zip(runnable, counts):
             results[i] = int(n)
     except Exception:
         for i, sql in runnable:
             try:
-                results[i] = int(warehouse.db.query(f"SELECT COUNT(*) FROM ({sql}) AS q")[0][0])
+                results[i] = int(warehouse.query(f"SELECT COUNT(*) FROM ({sql}) AS q")[0][0])
             except Exception as exc:
                 results[i] = exc
     return results

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from backfill_portal.execution.executors import LazyPins, render
 from backfill_portal.execution.models import Run
-from backfill_portal.warehouse.registry import spec_for
+from backfill_portal.catalog.specs import spec_for
 
 
 @dataclass

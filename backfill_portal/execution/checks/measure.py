@@ -19,7 +19,7 @@ class MeasureVsSource(VerificationCheck):
             return
         try:
             sql = ctx.render(dataset.source_measure_sql)
-            expected = warehouse.db.query(f"SELECT * FROM ({sql}) AS q")[0][0]
+            expected = warehouse.query(f"SELECT * FROM ({sql}) AS q")[0][0]
             expected = float(expected or 0)
             actual = float(ctx.profile.measure_sum or 0)
             rel = float(ctx.tolerances.get("measure_rel", DEFAULT_MEASURE_REL))

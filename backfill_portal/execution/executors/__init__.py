@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from backfill_portal.backends import Marker, WarehouseBackend
 from backfill_portal.catalog import kinds
+from backfill_portal.catalog.specs import spec_for
 from backfill_portal.core.registry import NotRegistered, Registry
 from backfill_portal.execution.executors.base import (
     ExecutionContext,
@@ -30,8 +32,6 @@ from backfill_portal.execution.executors.base import (
     upstreams_of,
 )
 from backfill_portal.execution.models import Run
-from backfill_portal.warehouse.adapter import Marker, Warehouse
-from backfill_portal.warehouse.registry import spec_for
 
 __all__ = [
     "ExecutionContext", "ExecutionError", "Executor", "LazyPins", "PinnedInputs", "covered_partitions", "execute",
@@ -74,7 +74,8 @@ def registry_problems() -> list[str]:
                for k in registry.names() if k not in known])
 
 
-def execute(run: Run, attempt_no: int, warehouse: Warehouse, *, should_stop: Callable[[], bool] = lambda: False) -> Marker:
+def execute(run: Run, attempt_no: int, warehouse: WarehouseBackend, *,
+            should_stop: Callable[[], bool] = lambda: False) -> Marker:
     """Stage the run's version with its kind's executor; the marker commits with the rows."""
     job = run.job
     spec = spec_for(job.dataset)  # staging ensures its tables, once per process and spec

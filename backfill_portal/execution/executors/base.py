@@ -16,15 +16,15 @@ import jinja2
 from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
+from backfill_portal.backends import Marker, WarehouseBackend
 from backfill_portal.catalog.calendar import previous_partition
 from backfill_portal.catalog.lineage import covered_partition_keys
 from backfill_portal.catalog.models import Dataset, Job
+from backfill_portal.catalog.specs import spec_for
 from backfill_portal.catalog.sqlcheck import TemplateError, check_template
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Run
-from backfill_portal.warehouse.adapter import Marker, Warehouse
 from backfill_portal.warehouse.models import Consumption, Version
-from backfill_portal.warehouse.registry import spec_for
 
 _env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
 # Every run of a job renders the same frozen template (and verification its checks):
@@ -62,7 +62,7 @@ def upstreams_of(job: Job) -> list[Dataset]:
     return list(job.upstreams.all())
 
 
-def pin_inputs(run: Run, warehouse: Warehouse) -> PinnedInputs:
+def pin_inputs(run: Run, warehouse: WarehouseBackend) -> PinnedInputs:
     """Pin each upstream's current published versions at run start, once per run."""
     job = run.job
     # Plain columns: a first attempt finds none, and joining the datasets and the
@@ -131,7 +131,7 @@ class LazyPins:
     """The run's pinned inputs, read only if a template asks for them (verification
     renders its checks against them, and most checks read only `this`)."""
 
-    def __init__(self, run: Run, warehouse: Warehouse):
+    def __init__(self, run: Run, warehouse: WarehouseBackend):
         self._load = lambda: pin_inputs(run, warehouse)
         self._pins: PinnedInputs | None = None
 
@@ -141,30 +141,26 @@ class LazyPins:
         return getattr(self._pins, name)
 
 
-def source_watermark(warehouse: Warehouse, source: Dataset, run: Run) -> dict:
+def source_watermark(warehouse: WarehouseBackend, source: Dataset, run: Run) -> dict:
     """Row count, max ingested_at and the measure over the interval: a later rerun
     compares them to tell whether the source changed underneath."""
-    db = warehouse.db
     columns = set(source.column_names)
     parts = ["COUNT(*)"]
     parts.append('MAX("ingested_at")' if "ingested_at" in columns else "NULL")
     parts.append(f'SUM("{source.core_measure}")' if source.core_measure else "NULL")
-    row = db.query(
-        f'SELECT {", ".join(parts)} FROM "{source.name}" WHERE "{source.time_column}" >= ? AND "{source.time_column}" < ?',
-        (db.ts(run.data_interval_start), db.ts(run.data_interval_end)),
-    )[0]
+    row = warehouse.query(f'SELECT {", ".join(parts)} FROM {source_sql(warehouse, source, run)} AS s')[0]
     measure = row[2]
     return {"row_count": int(row[0] or 0), "max_ingested_at": str(row[1]) if row[1] is not None else None,
             "measure": round(float(measure), 4) if measure is not None else None}
 
 
-def source_sql(warehouse: Warehouse, source: Dataset, run: Run) -> str:
-    db = warehouse.db
-    return (f'(SELECT * FROM "{source.name}" WHERE "{source.time_column}" >= {db.ts_literal(run.data_interval_start)} '
-            f'AND "{source.time_column}" < {db.ts_literal(run.data_interval_end)})')
+def source_sql(warehouse: WarehouseBackend, source: Dataset, run: Run) -> str:
+    return warehouse.source_sql(name=source.name, time_column=source.time_column,
+                                start=run.data_interval_start, end=run.data_interval_end)
 
 
-def render(template: str, *, run: Run, warehouse: Warehouse, pins: PinnedInputs, this_sql: str | None = None) -> str:
+def render(template: str, *, run: Run, warehouse: WarehouseBackend, pins: PinnedInputs,
+           this_sql: str | None = None) -> str:
     """Render a template against the pinned inputs. Re-checked with the parser here
     too: a template must not smuggle in now() through a parameter."""
     job = run.job
@@ -187,8 +183,8 @@ def render(template: str, *, run: Run, warehouse: Warehouse, pins: PinnedInputs,
 
     try:
         return _compiled(template).render(
-            data_interval_start=warehouse.db.ts_literal(run.data_interval_start),
-            data_interval_end=warehouse.db.ts_literal(run.data_interval_end),
+            data_interval_start=warehouse.ts_literal(run.data_interval_start),
+            data_interval_end=warehouse.ts_literal(run.data_interval_end),
             partition_key=_q(run.partition_key),
             ref=ref, ref_previous=ref_previous, this=this_sql or "",
         )
@@ -196,7 +192,7 @@ def render(template: str, *, run: Run, warehouse: Warehouse, pins: PinnedInputs,
         raise ExecutionError(f"template does not render: {exc}") from None
 
 
-def reader(warehouse: Warehouse, pins: PinnedInputs, run: Run) -> Callable[[str], list[dict]]:
+def reader(warehouse: WarehouseBackend, pins: PinnedInputs, run: Run) -> Callable[[str], list[dict]]:
     """read(name): the rows of a declared upstream as this run pinned it (a source over
     the run's interval)."""
     datasets = {d.name: d for d in run.job.upstreams.all()}
@@ -207,7 +203,7 @@ def reader(warehouse: Warehouse, pins: PinnedInputs, run: Run) -> Callable[[str]
             raise ExecutionError(f"{run.job.name} does not declare {name} upstream")
         sql = source_sql(warehouse, dataset, run) if dataset.is_source else warehouse.ref_sql(
             spec=spec_for(dataset), pins=pins.versions.get(name, {}))
-        return warehouse.db.query_dicts(f"SELECT * FROM {sql} AS q")
+        return warehouse.query_dicts(f"SELECT * FROM {sql} AS q")
 
     return read
 
@@ -220,7 +216,7 @@ class ExecutionContext:
 
     run: Run
     attempt_no: int
-    warehouse: Warehouse
+    warehouse: WarehouseBackend
     pins: PinnedInputs
     definition: dict  # the frozen code version's definition: kind, reads, params, the kind's fields
     spec: object
@@ -253,7 +249,7 @@ class ExecutionContext:
         type(run).objects.filter(pk=run.pk).update(output_columns=run.output_columns)
 
     def stage_select(self, sql: str) -> Marker:
-        self.record_output_columns(self.warehouse.db.columns_of(sql))
+        self.record_output_columns(self.warehouse.columns_of(sql))
         return self.warehouse.stage_select(spec=self.spec, run_id=self.run.run_id, attempt_no=self.attempt_no,
                                            partition=self.run.partition_key, select_sql=sql, take_over=True)
 

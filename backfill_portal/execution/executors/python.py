@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
 
+from backfill_portal.backends import Marker
 from backfill_portal.execution.executors import register_executor
 from backfill_portal.execution.executors.base import ExecutionContext, ExecutionError, reader
-from backfill_portal.warehouse.adapter import Marker
 
 
 @dataclass

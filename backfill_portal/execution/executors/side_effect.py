@@ -7,10 +7,10 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from backfill_portal.backends import Marker, WarehouseBackend
 from backfill_portal.execution.executors import register_executor
 from backfill_portal.execution.executors.base import ExecutionContext, ExecutionError, PinnedInputs, reader
 from backfill_portal.execution.models import Delivery, Run
-from backfill_portal.warehouse.adapter import Marker, Warehouse
 
 
 @register_executor("side_effect")
@@ -18,7 +18,7 @@ def execute_side_effect(ctx: ExecutionContext) -> Marker:
     return ctx.stage_rows([deliver_side_effect(ctx.run, ctx.warehouse, ctx.pins, ctx.definition)])
 
 
-def deliver_side_effect(run: Run, warehouse: Warehouse, pins: PinnedInputs, definition: dict) -> tuple:
+def deliver_side_effect(run: Run, warehouse: WarehouseBackend, pins: PinnedInputs, definition: dict) -> tuple:
     """Deliver once per (job, partition, upstream version). The unique key on the
     outbox row makes a second delivery impossible, from any request or attempt."""
     effect = definition.get("side_effect", {})

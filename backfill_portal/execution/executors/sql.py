@@ -2,9 +2,9 @@
 its result."""
 from __future__ import annotations
 
+from backfill_portal.backends import Marker
 from backfill_portal.execution.executors import register_executor
 from backfill_portal.execution.executors.base import ExecutionContext
-from backfill_portal.warehouse.adapter import Marker
 
 
 @register_executor("sql")

@@ -27,9 +27,8 @@ from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.queue import enqueue
 from backfill_portal.execution.services.dispatch import enqueue_execute, enqueue_verify
 from backfill_portal.execution.transitions import attempt_transition, run_transition
-from backfill_portal.warehouse.adapter import AlreadyCommitted
+from backfill_portal.backends import AlreadyCommitted, get_warehouse
 from backfill_portal.warehouse.models import Version
-from backfill_portal.warehouse.registry import get_warehouse
 from backfill_portal.warehouse.services.outage import warehouse_outage_confirm, warehouse_outage_current
 
 logger = logging.getLogger(__name__)

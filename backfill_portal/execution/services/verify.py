@@ -28,9 +28,9 @@ from backfill_portal.execution.models import CheckResult, Run
 from backfill_portal.execution.services.dispatch import dispatch_request, enqueue_execute, enqueue_verify
 from backfill_portal.execution.services.runs import Heartbeat, _interval_failed, run_get
 from backfill_portal.execution.transitions import run_transition
-from backfill_portal.warehouse.adapter import PublishConflict
+from backfill_portal.backends import PublishConflict, get_warehouse
+from backfill_portal.catalog.specs import spec_for
 from backfill_portal.warehouse.models import Consumption, Publication, Version
-from backfill_portal.warehouse.registry import get_warehouse, spec_for
 from backfill_portal.warehouse.services.outage import warehouse_outage_confirm
 
 logger = logging.getLogger(__name__)

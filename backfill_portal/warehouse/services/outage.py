@@ -8,9 +8,9 @@ import logging
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from backfill_portal.backends import WarehouseUnavailable, probe_warehouse
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.services.audit import audit_record
-from backfill_portal.warehouse.db import WarehouseUnavailable, get_warehouse_db
 from backfill_portal.warehouse.models import WarehouseOutage
 from backfill_portal.warehouse.transitions import outage_transition
 
@@ -51,7 +51,7 @@ def warehouse_outage_confirm(*, error: str) -> WarehouseOutage | None:
     refused too, the warehouse is down: open (or keep) the outage and return it. If it
     succeeds, the failure was the work's own: None."""
     try:
-        get_warehouse_db().probe()
+        probe_warehouse()
     except WarehouseUnavailable as exc:
         return warehouse_outage_open(error=f"{error[:1000]} (probe: {exc})")
     return None
@@ -66,7 +66,7 @@ def warehouse_outage_probe() -> WarehouseOutage | None:
         return None
     now = timezone.now()
     try:
-        get_warehouse_db().probe()
+        probe_warehouse()
     except WarehouseUnavailable as exc:
         WarehouseOutage.objects.filter(pk=outage.pk, status=OPEN).update(
             last_probe_at=now, probes=outage.probes + 1, error=str(exc)[:2000])

@@ -28,7 +28,7 @@ from backfill_portal.core.web import (
 )
 from backfill_portal.web.forms.partitions import RollbackForm
 from backfill_portal.warehouse.models import Contamination, Publication
-from backfill_portal.warehouse.registry import get_warehouse
+from backfill_portal.backends import get_warehouse
 from backfill_portal.warehouse.selectors import partition_state
 from backfill_portal.recovery.rollback import (
     consumers_of,

@@ -9,11 +9,12 @@ from django.contrib.auth.models import Group, User
 from django.core.management.base import CommandError
 from django.db import transaction
 
+from backfill_portal.backends import get_warehouse
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.catalog.services.sync import CatalogError, catalog_sync_file
+from backfill_portal.catalog.specs import spec_for
 from backfill_portal.core.management.base import PortalCommand
 from backfill_portal.core.roles import Role
-from backfill_portal.warehouse.registry import get_warehouse, spec_for
 
 DEMO_USERS = {
     "alice": [Role.REQUESTER],
@@ -106,5 +107,5 @@ class Command(PortalCommand):
             raise CommandError(f"--first/--last: {exc}") from None
         if orders_per_day:
             kwargs["orders_per_day"] = orders_per_day
-        counts = load_demo_sources(warehouse.db, progress=self._progress, **kwargs)
+        counts = load_demo_sources(warehouse, progress=self._progress, **kwargs)
         self.stdout.write("source data: " + ", ".join(f"{k} +{v}" for k, v in counts.items()))

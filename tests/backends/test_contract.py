@@ -1,15 +1,18 @@
-"""The warehouse adapter against both dialects: SQLite in a temporary file, and a
-throwaway PostgreSQL database (skipped with the reason when PostgreSQL is absent).
+"""The contract of a warehouse backend, run against every registered one: SQLite in a
+temporary file, and a throwaway PostgreSQL database (skipped with the reason when
+PostgreSQL is absent). A new backend runs this module against itself by overriding
+the `backend_url` fixture (docs/extending.md, tests/extending/test_warehouse_backend.py).
 
 These tests are the proof of DESIGN invariants 1-4 at the storage level: reruns are
 identical, readers never see a partial partition, a failed run changes nothing
-visible, and a retry knows where the previous attempt stopped.
+visible, and a retry knows where the previous attempt stopped. The ones that write
+the SQL layout directly (`orders__versions`, `_bf_markers`: a partial writer, an
+older marker table) hold for the SQL backends, whose layout is shared.
 """
 from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import textwrap
@@ -18,25 +21,26 @@ import time
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
-from urllib.parse import urlparse, urlunparse
 
 import psycopg
 import pytest
 
-from backfill_portal.core.errors import ValidationError
-from backfill_portal.warehouse.adapter import (
+from backfill_portal.backends import (
     AlreadyCommitted,
     ColumnSpec,
     DatasetSpec,
+    PointerMove,
     PublishConflict,
     PurgeRefused,
     VersionNotCommitted,
-    Warehouse,
+    WarehouseBackend,
+    backend_class,
+    make_warehouse,
+    registered_schemes,
 )
-from backfill_portal.warehouse.db import WarehouseDB, WarehouseLockTimeout, WarehouseUnavailable
+from backfill_portal.core.errors import ValidationError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-PG_ADMIN_URL = os.environ.get("WAREHOUSE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 ORDERS = DatasetSpec(
     name="orders",
@@ -79,14 +83,14 @@ def order_rows(n: int, *, seed: int = 0) -> list[tuple]:
     ]
 
 
-def count_version_rows(wh: Warehouse, run_id: str, spec: DatasetSpec = ORDERS) -> int:
-    return wh.db.query(f'SELECT COUNT(*) FROM "{spec.versions_table}" WHERE "_run_id" = ?', (run_id,))[0][0]
+def count_version_rows(wh: WarehouseBackend, run_id: str, spec: DatasetSpec = ORDERS) -> int:
+    return wh.query(f'SELECT COUNT(*) FROM "{spec.versions_table}" WHERE "_run_id" = ?', (run_id,))[0][0]
 
 
-def version_rows(wh: Warehouse, run_id: str, spec: DatasetSpec = ORDERS) -> list[tuple]:
+def version_rows(wh: WarehouseBackend, run_id: str, spec: DatasetSpec = ORDERS) -> list[tuple]:
     """A version's rows as the driver returns them, in a canonical order."""
     columns = ", ".join(f'"{c}"' for c in spec.column_names)
-    rows = wh.db.query(f'SELECT {columns} FROM "{spec.versions_table}" WHERE "_run_id" = ?', (run_id,))
+    rows = wh.query(f'SELECT {columns} FROM "{spec.versions_table}" WHERE "_run_id" = ?', (run_id,))
     return sorted(rows, key=repr)
 
 
@@ -94,18 +98,18 @@ def as_tuples(dicts: list[dict], spec: DatasetSpec = ORDERS) -> list[tuple]:
     return sorted((tuple(d[c] for c in spec.column_names) for d in dicts), key=repr)
 
 
-def stage(wh: Warehouse, run_id: str, rows, *, partition: str = DAY, attempt_no: int = 1,
+def stage(wh: WarehouseBackend, run_id: str, rows, *, partition: str = DAY, attempt_no: int = 1,
           spec: DatasetSpec = ORDERS, **kwargs):
     return wh.stage_rows(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition, rows=rows, **kwargs)
 
 
-def publish(wh: Warehouse, run_id: str, expected: str | None, *, partition: str = DAY, actor: str = "owner"):
+def publish(wh: WarehouseBackend, run_id: str, expected: str | None, *, partition: str = DAY, actor: str = "owner"):
     return wh.publish(spec_or_name=ORDERS, partition=partition, run_id=run_id, expected_run_id=expected, actor=actor)
 
 
-def in_threads(db: WarehouseDB, n: int, work) -> list[tuple[str, object]]:
+def in_threads(db: WarehouseBackend, n: int, work) -> list[tuple[str, object]]:
     """Run work(i) in n threads released together. Each thread gets its own
-    connection (WarehouseDB keeps one per thread) and closes it when done."""
+    connection (a backend keeps one per thread) and closes it when done."""
     barrier = threading.Barrier(n)
     results: list[tuple[str, object]] = [("not run", None)] * n
 
@@ -130,40 +134,35 @@ def in_threads(db: WarehouseDB, n: int, work) -> list[tuple[str, object]]:
 # -- fixtures ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def pg_url():
-    """A throwaway database for this test session, dropped afterwards."""
-    try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.Error as exc:
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL} ({exc}); set WAREHOUSE_TEST_PG_URL to point elsewhere")
-    name = f"backfill_wh_test_{os.getpid()}"
-    with admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield urlunparse(urlparse(PG_ADMIN_URL)._replace(path=f"/{name}"))
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+# The registered backends under contract, by name: each yields the URL of a fresh,
+# empty warehouse. test_every_registered_backend_is_under_contract keeps it complete.
+BUILTIN_CONTRACT = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def wdb(request, tmp_path):
+@pytest.fixture(params=BUILTIN_CONTRACT)
+def backend_url(request, tmp_path):
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
-    else:
-        url = request.getfixturevalue("pg_url")
-        with psycopg.connect(url, autocommit=True) as conn:  # a clean schema per test
-            conn.execute("DROP SCHEMA public CASCADE")
-            conn.execute("CREATE SCHEMA public")
-    db = WarehouseDB(url)
-    yield db
-    db.close()
+        return f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
+    url = request.getfixturevalue("pg_url")
+    with psycopg.connect(url, autocommit=True) as conn:  # a clean schema per test
+        conn.execute("DROP SCHEMA public CASCADE")
+        conn.execute("CREATE SCHEMA public")
+    return url
 
 
 @pytest.fixture
-def wh(wdb):
-    return Warehouse(wdb)
+def wh(backend_url):
+    warehouse = make_warehouse(backend_url)
+    yield warehouse
+    warehouse.close()
+
+
+def test_every_registered_backend_is_under_contract(tmp_path):
+    """A backend registered in backfill_portal.backends must be in BUILTIN_CONTRACT (or,
+    outside the package, run this module against itself as tests/extending/test_warehouse_backend.py does)."""
+    covered = {backend_class(f"sqlite:///{tmp_path / 'w.sqlite3'}"), backend_class("postgresql://h/d")}
+    builtin = {cls for cls in registered_schemes().values() if cls.__module__.startswith("backfill_portal.")}
+    assert builtin == covered
 
 
 # -- staging: rows and marker, all or nothing (invariants 3 and 4) ------------------------
@@ -209,18 +208,19 @@ def test_crash_mid_stage_leaves_no_rows_and_no_marker_and_the_retry_publishes_ex
     assert (profile.row_count, profile.distinct_keys, profile.duplicate_keys, profile.null_keys) == (1000, 1000, 0, 0)
 
 
-def test_killed_worker_mid_stage_leaves_no_rows_and_no_marker(wh, wdb):
+def test_killed_worker_mid_stage_leaves_no_rows_and_no_marker(wh):
     """A real crash: the worker process is SIGKILLed while its staging transaction is
     open, so no Python cleanup or ROLLBACK runs. The database must discard it."""
     wh.ensure_dataset(ORDERS)
     script = textwrap.dedent(
         """
         import sys, time
-        from backfill_portal.warehouse.adapter import Warehouse
-        from backfill_portal.warehouse.db import WarehouseDB
-        from tests.warehouse.test_adapter import DAY, ORDERS, count_version_rows, order_rows
+        import importlib
+        from backfill_portal.backends import make_warehouse
+        from tests.backends.test_contract import DAY, ORDERS, count_version_rows, order_rows
 
-        wh = Warehouse(WarehouseDB(sys.argv[1]))
+        importlib.import_module(sys.argv[2])  # the backend's module: registers it
+        wh = make_warehouse(sys.argv[1])
 
         def rows():
             for i, row in enumerate(order_rows(1000)):
@@ -233,7 +233,7 @@ def test_killed_worker_mid_stage_leaves_no_rows_and_no_marker(wh, wdb):
         """
     )
     worker = subprocess.Popen(
-        [sys.executable, "-c", script, wdb.url],
+        [sys.executable, "-c", script, wh.url, type(wh).__module__],
         cwd=PROJECT_ROOT,
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         stdout=subprocess.PIPE,
@@ -276,7 +276,7 @@ def test_staging_a_committed_run_again_raises_already_committed_and_writes_nothi
 
 def test_staging_clears_rows_a_dead_attempt_left_outside_a_transaction(wh):
     wh.ensure_dataset(ORDERS)
-    wh.db.execute(PARTIAL_ROW_INSERT, ("stale", 1, "run-1", DAY, 1))
+    wh.execute(PARTIAL_ROW_INSERT, ("stale", 1, "run-1", DAY, 1))
 
     marker = stage(wh, "run-1", order_rows(10), attempt_no=2)
 
@@ -297,7 +297,7 @@ def test_stage_select_writes_the_select_output_as_the_runs_version(wh):
     assert copy.row_count == 60 and copy.fingerprint == source.fingerprint
     assert version_rows(wh, "run-copy") == version_rows(wh, "run-source")
     assert some.row_count == 20 and some.attempt_no == 2
-    attempts = wh.db.query('SELECT DISTINCT "_attempt", "_partition" FROM "orders__versions" WHERE "_run_id" = ?',
+    attempts = wh.query('SELECT DISTINCT "_attempt", "_partition" FROM "orders__versions" WHERE "_run_id" = ?',
                            ("run-some",))
     assert attempts == [(2, DAY)]
 
@@ -416,14 +416,14 @@ def test_history_is_serial_and_newest_first(wh):
     assert [r.actor for r in history] == ["carol", "bob", "alice"]
 
 
-def test_fifty_concurrent_publishes_of_one_partition_exactly_one_wins(wh, wdb):
+def test_fifty_concurrent_publishes_of_one_partition_exactly_one_wins(wh):
     stage(wh, "run-base", order_rows(5))
     publish(wh, "run-base", None)
     candidates = [f"run-{i:02d}" for i in range(50)]
     for i, run_id in enumerate(candidates):
         stage(wh, run_id, order_rows(5, seed=i + 1))
 
-    results = in_threads(wdb, 50, lambda i: publish(wh, candidates[i], "run-base", actor=f"worker-{i}"))
+    results = in_threads(wh, 50, lambda i: publish(wh, candidates[i], "run-base", actor=f"worker-{i}"))
 
     wins = [value for status, value in results if status == "ok"]
     errors = [value for status, value in results if status == "error"]
@@ -436,7 +436,7 @@ def test_fifty_concurrent_publishes_of_one_partition_exactly_one_wins(wh, wdb):
     assert [(r.run_id, r.previous_run_id) for r in history] == [(winner, "run-base"), ("run-base", None)]
 
 
-def test_a_reader_never_sees_a_partial_empty_or_mixed_partition_while_versions_switch(wh, wdb):
+def test_a_reader_never_sees_a_partial_empty_or_mixed_partition_while_versions_switch(wh):
     versions = {f"run-{i:02d}": 40 + 3 * i for i in range(51)}  # different sizes and contents
     for i, (run_id, size) in enumerate(versions.items()):
         stage(wh, run_id, order_rows(size, seed=i))
@@ -452,7 +452,7 @@ def test_a_reader_never_sees_a_partial_empty_or_mixed_partition_while_versions_s
             while not stop.is_set():
                 reads.append(wh.read_partition("orders", DAY))
         finally:
-            wdb.close()
+            wh.close()
 
     thread = threading.Thread(target=reader)
     thread.start()
@@ -511,6 +511,27 @@ def test_rollback_conflicts_when_someone_published_since(wh):
     assert len(wh.history("orders", DAY)) == 3
 
 
+def test_rollback_many_moves_every_pointer_or_none(wh):
+    for partition in (DAY, NEXT_DAY):
+        stage(wh, f"old-{partition}", order_rows(3), partition=partition)
+        stage(wh, f"new-{partition}", order_rows(4, seed=1), partition=partition)
+        publish(wh, f"old-{partition}", None, partition=partition)
+        publish(wh, f"new-{partition}", f"old-{partition}", partition=partition)
+    back = [PointerMove("orders", p, f"old-{p}", f"new-{p}") for p in (DAY, NEXT_DAY)]
+
+    # One stale expectation: neither pointer moves.
+    stale = [back[0], back[1]._replace(expected_run_id="someone-else")]
+    with pytest.raises(PublishConflict):
+        wh.rollback_many(stale, actor="oncall")
+    assert wh.current_many("orders", [DAY, NEXT_DAY]) == {DAY: f"new-{DAY}", NEXT_DAY: f"new-{NEXT_DAY}"}
+    assert [r.action for r in wh.history("orders", DAY)] == ["publish", "publish"]
+
+    records = wh.rollback_many(back, actor="oncall")
+    assert [(r.partition, r.run_id, r.previous_run_id, r.action) for r in records] == [
+        (DAY, f"old-{DAY}", f"new-{DAY}", "rollback"), (NEXT_DAY, f"old-{NEXT_DAY}", f"new-{NEXT_DAY}", "rollback")]
+    assert wh.current_many("orders", [DAY, NEXT_DAY]) == {DAY: f"old-{DAY}", NEXT_DAY: f"old-{NEXT_DAY}"}
+
+
 def test_rollback_refuses_a_version_that_was_never_published(wh):
     stage(wh, "run-a", order_rows(5))
     stage(wh, "run-unverified", order_rows(5, seed=1))
@@ -549,7 +570,7 @@ def test_ref_sql_selects_exactly_the_pinned_versions(wh):
     columns = ", ".join(f'"{c}"' for c in ORDERS.column_names)
 
     def select(pins):
-        return sorted(wh.db.query(f"SELECT {columns} FROM {wh.ref_sql(spec=ORDERS, pins=pins)} AS v"), key=repr)
+        return sorted(wh.query(f"SELECT {columns} FROM {wh.ref_sql(spec=ORDERS, pins=pins)} AS v"), key=repr)
 
     assert select({DAY: "run-pinned"}) == version_rows(wh, "run-pinned")
     assert select({DAY: "run-pinned", NEXT_DAY: "run-other-day"}) == sorted(
@@ -564,10 +585,10 @@ def test_ref_sql_with_no_pins_has_the_declared_columns_and_no_rows(wh):
     wh.ensure_dataset(ORDERS)
     stage(wh, "run-a", order_rows(5))
 
-    cursor = wh.db.conn.execute(f"SELECT * FROM {wh.ref_sql(spec=ORDERS, pins={})} AS v")
+    sql = wh.ref_sql(spec=ORDERS, pins={})
 
-    assert [d[0] for d in cursor.description] == list(ORDERS.column_names)
-    assert cursor.fetchall() == []
+    assert wh.columns_of(sql) == list(ORDERS.column_names)
+    assert wh.query(f"SELECT * FROM {sql} AS v") == []
 
 
 def test_ref_sql_refuses_values_it_cannot_render_safely(wh):
@@ -695,7 +716,7 @@ def test_the_marker_holds_the_numbers_taken_with_the_rows(wh):
     assert marker.numbers_of == "order_id,line_no|amount"
     # Rows changed behind the adapter's back (nothing in the portal does) do not
     # change what the committed version attests.
-    wh.db.execute('DELETE FROM "orders__versions" WHERE "_run_id" = ?', ("run-1",))
+    wh.execute('DELETE FROM "orders__versions" WHERE "_run_id" = ?', ("run-1",))
     profile = wh.profile(spec=ORDERS, run_id="run-1")
     assert (profile.row_count, profile.null_keys, profile.distinct_keys, profile.duplicate_keys) == (32, 1, 30, 1)
 
@@ -705,7 +726,7 @@ def test_numbers_are_counted_again_when_the_marker_lacks_them_or_the_key_changed
     stage(wh, "run-old", rows + [rows[0]])
     stage(wh, "run-new", rows)
     # A marker from before markers kept numbers.
-    wh.db.execute('UPDATE "_bf_markers" SET "null_keys" = NULL, "distinct_keys" = NULL, "measure_sum" = NULL, '
+    wh.execute('UPDATE "_bf_markers" SET "null_keys" = NULL, "distinct_keys" = NULL, "measure_sum" = NULL, '
                   '"numbers_of" = NULL WHERE "run_id" = ?', ("run-old",))
     old = wh.profile(spec=ORDERS, run_id="run-old")
     assert (old.row_count, old.distinct_keys, old.duplicate_keys) == (21, 20, 1)
@@ -717,30 +738,30 @@ def test_numbers_are_counted_again_when_the_marker_lacks_them_or_the_key_changed
     assert (new.row_count, new.distinct_keys, new.duplicate_keys) == (20, 7, 13)
 
 
-def test_an_older_marker_table_gains_the_number_columns(wdb):
-    ts = "timestamp with time zone" if wdb.dialect == "postgresql" else "TEXT"
-    wdb.execute(f"""CREATE TABLE "_bf_markers" ("run_id" TEXT PRIMARY KEY, "attempt_no" INTEGER NOT NULL,
+def test_an_older_marker_table_gains_the_number_columns(backend_url):
+    old = make_warehouse(backend_url)
+    ts = "timestamp with time zone" if old.dialect == "postgresql" else "TEXT"
+    old.execute(f"""CREATE TABLE "_bf_markers" ("run_id" TEXT PRIMARY KEY, "attempt_no" INTEGER NOT NULL,
         "dataset" TEXT NOT NULL, "partition" TEXT NOT NULL, "row_count" INTEGER NOT NULL,
         "fingerprint" TEXT NOT NULL, "committed_at" {ts} NOT NULL)""")
-    wh = Warehouse(wdb)
+    old.close()
+    wh = make_warehouse(backend_url)
 
     wh.ensure_meta()
     marker = stage(wh, "run-1", order_rows(5))
 
     assert wh.marker("run-1") == marker and marker.distinct_keys == 5
-    assert Warehouse(wdb).profile(spec=ORDERS, run_id="run-1").distinct_keys == 5
+    assert make_warehouse(backend_url).profile(spec=ORDERS, run_id="run-1").distinct_keys == 5
 
 
 def test_many_profiles_come_from_markers_and_agree_with_counting(wh):
-    from backfill_portal.warehouse.services.profiles import measure_many, profile_many
-
     rows = order_rows(40)
     stage(wh, "run-a", rows)
     stage(wh, "run-b", rows + rows[:3] + [(None,) + rows[5][1:]])
     stage(wh, "run-c", rows[:10])
-    wh.db.execute('UPDATE "_bf_markers" SET "distinct_keys" = NULL WHERE "run_id" = ?', ("run-c",))
+    wh.execute('UPDATE "_bf_markers" SET "distinct_keys" = NULL WHERE "run_id" = ?', ("run-c",))
 
-    numbers = profile_many(wh, spec=ORDERS, run_ids=["run-a", "run-b", "run-c", "run-none"])
+    numbers = wh.profile_many(spec=ORDERS, run_ids=["run-a", "run-b", "run-c", "run-none"])
 
     assert set(numbers) == {"run-a", "run-b", "run-c"}
     for run_id, got in numbers.items():
@@ -749,7 +770,7 @@ def test_many_profiles_come_from_markers_and_agree_with_counting(wh):
             counted.row_count, counted.null_keys, counted.distinct_keys)
         assert got.measure_sum == pytest.approx(counted.measure_sum)
     assert numbers["run-b"].duplicate_keys == 3
-    assert measure_many(wh, spec=ORDERS, run_ids=["run-a", "run-c"]) == {
+    assert wh.measure_many(spec=ORDERS, run_ids=["run-a", "run-c"]) == {
         "run-a": numbers["run-a"].measure_sum, "run-c": numbers["run-c"].measure_sum}
 
 
@@ -773,25 +794,25 @@ def test_ensure_dataset_is_idempotent_and_adds_a_new_column_without_losing_old_v
     assert {r["channel"] for r in wh.read_partition("orders", DAY)} == {"web"}
 
     # A process still on the old spec neither fails nor takes the column away.
-    Warehouse(wh.db).ensure_dataset(ORDERS)
+    make_warehouse(wh.url).ensure_dataset(ORDERS)
     assert {r["channel"] for r in wh.read_partition("orders", DAY)} == {"web"}
     assert wh.profile(spec=widened, run_id="run-new").columns[-1] == ("channel", "text")
 
 
-def test_a_fresh_adapter_reads_an_existing_warehouse_without_a_write_transaction(wh, wdb, monkeypatch):
-    """Services build a new Warehouse per call; on SQLite a needless DDL transaction
-    would take the single write lock for what is only a read."""
+def test_a_fresh_adapter_reads_an_existing_warehouse_without_a_write_transaction(wh, monkeypatch):
+    """Each process makes its own backend; on SQLite a needless DDL transaction would
+    take the single write lock for what is only a read."""
     stage(wh, "run-a", order_rows(5))
     publish(wh, "run-a", None)
     opened = []
-    real_transaction = wdb.transaction
+    fresh = make_warehouse(wh.url)
+    real_transaction = fresh.transaction
 
     def counting_transaction():
         opened.append(True)
         return real_transaction()
 
-    monkeypatch.setattr(wdb, "transaction", counting_transaction)
-    fresh = Warehouse(wdb)
+    monkeypatch.setattr(fresh, "transaction", counting_transaction)
 
     fresh.current("orders", DAY)
     fresh.history("orders", DAY)
@@ -807,7 +828,7 @@ def test_ensure_dataset_refuses_to_change_a_column_type(wh):
                           business_key=ORDERS.business_key)
 
     with pytest.raises(ValidationError, match="order_id"):
-        Warehouse(wh.db).ensure_dataset(retyped)
+        make_warehouse(wh.url).ensure_dataset(retyped)
 
 
 def test_current_many_answers_for_published_partitions_only(wh):
@@ -842,88 +863,3 @@ def test_current_many_answers_for_published_partitions_only(wh):
 def test_specs_refuse_unsafe_or_meaningless_definitions(build):
     with pytest.raises(ValidationError):
         build()
-
-
-# -- a frozen writer holds nothing for ever (PostgreSQL) ----------------------------------
-
-FROZEN_STAGER = textwrap.dedent(
-    """
-    import sys
-    from backfill_portal.warehouse.adapter import Warehouse
-    from backfill_portal.warehouse.db import WarehouseDB
-    from tests.warehouse.test_adapter import DAY, ORDERS, order_rows
-
-    wh = Warehouse(WarehouseDB(sys.argv[1]))
-
-    def rows():
-        for i, row in enumerate(order_rows(100)):
-            if i == 50:
-                print("holding", flush=True)
-                sys.stdin.readline()  # frozen inside its staging transaction until told
-            yield row
-
-    try:
-        wh.stage_rows(spec=ORDERS, run_id="run-frozen", attempt_no=1, partition=DAY, rows=rows(), chunk_size=10)
-        print("committed", flush=True)
-    except Exception as exc:
-        print("refused:", type(exc).__name__, flush=True)
-    """
-)
-
-
-@pytest.fixture
-def pg_wh_url(pg_url):
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("DROP SCHEMA public CASCADE")
-        conn.execute("CREATE SCHEMA public")
-    Warehouse(WarehouseDB(pg_url)).ensure_dataset(ORDERS)
-    return pg_url
-
-
-@pytest.fixture
-def frozen_stager(pg_wh_url):
-    """A writer stopped (SIGSTOP) in the middle of staging run-frozen, holding its lock."""
-    proc = subprocess.Popen([sys.executable, "-c", FROZEN_STAGER, pg_wh_url], cwd=PROJECT_ROOT,
-                            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    assert line.strip() == "holding", f"the writer did not start: {line!r} {proc.stderr.read()}"
-    os.kill(proc.pid, signal.SIGSTOP)
-    yield proc
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGCONT)
-        proc.kill()
-    proc.wait(timeout=30)
-
-
-@pytest.mark.postgres
-def test_a_retry_taking_over_ends_the_frozen_writers_session_and_stages_alone(pg_wh_url, frozen_stager):
-    wh = Warehouse(WarehouseDB(pg_wh_url, lock_timeout_seconds=30))
-    marker = stage(wh, "run-frozen", order_rows(100), attempt_no=2, take_over=True)
-    assert (marker.attempt_no, marker.row_count) == (2, 100)
-    os.kill(frozen_stager.pid, signal.SIGCONT)
-    out, _ = frozen_stager.communicate("\n", timeout=30)
-    assert out.strip() == "refused: WarehouseUnavailable"  # its session is gone, its rows with it
-    assert count_version_rows(wh, "run-frozen") == 100
-    assert wh.marker("run-frozen").attempt_no == 2
-
-
-@pytest.mark.postgres
-def test_without_taking_over_the_wait_for_a_frozen_writers_lock_is_bounded(pg_wh_url, frozen_stager):
-    wh = Warehouse(WarehouseDB(pg_wh_url, lock_timeout_seconds=1))
-    with pytest.raises(WarehouseLockTimeout, match="lock timeout"):
-        stage(wh, "run-frozen", order_rows(100), attempt_no=2)
-    assert wh.marker("run-frozen") is None  # nothing half-written
-    assert stage(wh, "run-other", order_rows(10)).row_count == 10  # the session is still usable
-
-
-@pytest.mark.postgres
-def test_a_session_left_idle_in_a_transaction_is_ended_by_the_server(pg_wh_url):
-    db = WarehouseDB(pg_wh_url, idle_in_transaction_timeout_seconds=1)
-    wh = Warehouse(db)
-    with pytest.raises(WarehouseUnavailable):
-        with db.transaction():
-            db.execute(PARTIAL_ROW_INSERT, ("idle", 1, "run-idle", DAY, 1))
-            time.sleep(2.5)  # a client that stopped talking inside its transaction
-            db.query("SELECT 1")
-    assert count_version_rows(wh, "run-idle") == 0  # rolled back by the server

@@ -1,0 +1,14 @@
+"""A catalog dataset as the warehouse backends see it."""
+from __future__ import annotations
+
+from backfill_portal.backends import ColumnSpec, DatasetSpec
+from backfill_portal.catalog.models import Dataset
+
+
+def spec_for(dataset: Dataset) -> DatasetSpec:
+    return DatasetSpec(
+        name=dataset.name,
+        columns=tuple(ColumnSpec(name=c["name"], type=c["type"]) for c in dataset.columns),
+        business_key=tuple(dataset.business_key),
+        core_measure=dataset.core_measure or "",
+    )
