@@ -17,7 +17,8 @@ explains it after the rollback.
 
 Each interval is `matched`, `explained` or `unexplained`; sign-off is refused while
 any is unexplained. All warehouse numbers come from grouped queries over every run of
-the request at once (the backend's profile_many, measure_many, current_many), never one query per interval.
+the request at once (the backend's profile_many, measure_many, current_many), never one
+query per interval.
 """
 from __future__ import annotations
 
