@@ -448,9 +448,9 @@ class SqlWarehouse(WarehouseBackend):
                             field="columns",
                         )
             # One index, on the run: a run writes one partition, so readers reach a
-            # partition's rows through the pointer's run id too. Every index costs the
-            # staging INSERT (measured on PostgreSQL: ~35 ms per 22k-row version each);
-            # a second one on (_partition, _run_id) served no query the first does not.
+            # partition's rows through the pointer's run id too. Every index is paid for
+            # by every staging INSERT, and a second one on (_partition, _run_id) would
+            # serve no query the first does not.
             self.execute(f"CREATE INDEX IF NOT EXISTS {_quote(table + '_run')} ON {_quote(table)} (\"_run_id\")")
 
             data_columns = self._data_columns(table)

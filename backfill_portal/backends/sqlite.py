@@ -104,12 +104,12 @@ class SQLiteWarehouse(SqlWarehouse):
     def _fingerprint(self, spec: DatasetSpec, run_id: str) -> str:
         """blake2b over the version's rows in a canonical order.
 
-        SQLite has no hash function. Measured alternatives (a Python function called
-        per row, per-row quote()/printf text, fetching tuples and hashing them in
-        Python) were 1.5-2x slower than this: SQLite encodes each normalised row as a
-        JSON array and sorts those texts (in C, spilling to disk for a large version);
-        Python only streams them into one hash. Sorting makes insertion order
-        irrelevant; every copy of a row is hashed, so a duplicate changes the result.
+        SQLite has no hash function. SQLite encodes each normalised row as a JSON array
+        and sorts those texts (in C, spilling to disk for a large version); Python only
+        streams them into one hash. The alternatives (a Python function called per row,
+        per-row quote()/printf text, fetching tuples and hashing them in Python) do more
+        of the per-row work in Python and were slower (docs/performance.md). Sorting
+        makes insertion order irrelevant; every copy of a row is hashed, so a duplicate changes the result.
         JSON quotes and escapes strings, so NULL, '' and 'a,b' cannot be confused.
 
         Numbers are compared as whole millionths (round half away from zero), computed
