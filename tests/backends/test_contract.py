@@ -159,7 +159,8 @@ def wh(backend_url):
 
 def test_every_registered_backend_is_under_contract(tmp_path):
     """A backend registered in backfill_portal.backends must be in BUILTIN_CONTRACT (or,
-    outside the package, run this module against itself as tests/extending/test_warehouse_backend.py does)."""
+    outside the package, run this module against itself as
+    tests/extending/test_warehouse_backend.py does)."""
     covered = {backend_class(f"sqlite:///{tmp_path / 'w.sqlite3'}"), backend_class("postgresql://h/d")}
     builtin = {cls for cls in registered_schemes().values() if cls.__module__.startswith("backfill_portal.")}
     assert builtin == covered
