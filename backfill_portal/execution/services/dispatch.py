@@ -96,7 +96,7 @@ def runs_resend_stale(*, older_than_seconds: int = 600, now=None) -> int:
     return count
 
 
-def _serialise_dispatch() -> None:
+def dispatch_serialise() -> None:
     # SQLite's IMMEDIATE transactions already serialise writers; PostgreSQL needs a lock
     # so two dispatchers cannot both count free slots and both take the last one.
     if connection.vendor == "postgresql":
@@ -221,7 +221,7 @@ def dispatch_request(*, request_id: int) -> int:
     """Claim eligible intervals and queue their runs. Safe to call at any time, twice."""
     created = 0
     with transaction.atomic():
-        _serialise_dispatch()
+        dispatch_serialise()
         request = request_get(request_id)
         if request.status != R.RUNNING or request.paused:
             return 0

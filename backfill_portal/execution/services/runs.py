@@ -24,22 +24,15 @@ from backfill_portal.execution.choices import AttemptStatus as A
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import Attempt, Run
-from backfill_portal.execution.queue import enqueue
+from backfill_portal.execution.selectors import run_get, verification_original
 from backfill_portal.execution.services.dispatch import enqueue_execute, enqueue_verify
+from backfill_portal.execution.services.intervals import interval_fail_with_run
 from backfill_portal.execution.transitions import attempt_transition, run_transition
 from backfill_portal.backends import AlreadyCommitted, get_warehouse
 from backfill_portal.warehouse.models import Version
 from backfill_portal.warehouse.services.outage import warehouse_outage_confirm, warehouse_outage_current
 
 logger = logging.getLogger(__name__)
-
-
-def run_get(run_id: str) -> Run | None:
-    # run_id is unique: no ORDER BY (the model's default ordering is cleared), and only
-    # the relations every task reads. Each join multiplies PostgreSQL's planning time,
-    # and every task of every interval makes this call.
-    return next(iter(Run.objects.select_related("job__dataset", "code_version", "request", "interval")
-                     .filter(run_id=run_id).order_by()), None)
 
 
 class Heartbeat:
@@ -230,7 +223,7 @@ def attempt_fail(*, attempt: Attempt, run: Run, error: str, to: str = A.FAILED, 
                            updates={"error": error[:4000], "finished_at": timezone.now()})
             if run.run_type == RunType.VERIFICATION:
                 _original_unproven(run)
-            _interval_failed(run)
+            interval_fail_with_run(run)
             return "failed"
     except ConflictError:
         return "fenced"
@@ -239,23 +232,12 @@ def attempt_fail(*, attempt: Attempt, run: Run, error: str, to: str = A.FAILED, 
 def _original_unproven(verification: Run) -> None:
     """A second rerun that cannot complete proves nothing: its original must not wait
     in `verifying` (holding a slot) nor be published unproven."""
-    from backfill_portal.execution.services.verify import _original_of
-
-    original = _original_of(verification)
+    original = verification_original(verification)
     if original is not None and original.status == S.VERIFYING:
         run_transition(original, to=S.VERIFICATION_FAILED,
                        reason=f"second rerun {verification.run_id} failed: {verification.error[:300]}",
                        updates={"error": "second rerun could not complete; not published unproven",
                                 "finished_at": timezone.now()})
-
-
-def _interval_failed(run: Run) -> None:
-    if run.interval_id:
-        interval = run.interval
-        interval.refresh_from_db(fields=["status"])
-        if interval.status in (I.QUEUED, I.RUNNING):
-            interval_transition(interval, to=I.FAILED, reason=run.error[:500], data={"run_id": run.run_id})
-        enqueue("execution.dispatch_request", run.request_id, headers={"request_id": run.request_id})
 
 
 def attempts_sweep_lost(*, now=None) -> int:

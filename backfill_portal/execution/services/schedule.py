@@ -9,7 +9,7 @@ from backfill_portal.catalog.models import Job
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import RunStatus, RunType
 from backfill_portal.execution.models import Run
-from backfill_portal.execution.services.dispatch import _serialise_dispatch, enqueue_execute, free_slots
+from backfill_portal.execution.services.dispatch import dispatch_serialise, enqueue_execute, free_slots
 
 
 def schedule_production(*, now=None) -> list[str]:
@@ -22,7 +22,7 @@ def schedule_production(*, now=None) -> list[str]:
         current = partition_for(grain=ds.grain, timezone=ds.timezone, at=now)
         key = previous_partition(grain=ds.grain, timezone=ds.timezone, partition_key=current.partition_key)
         with transaction.atomic():
-            _serialise_dispatch()
+            dispatch_serialise()
             if Run.objects.filter(job=job, partition_key=key, run_type=RunType.SCHEDULED).exists():
                 continue
             if job.current_code_version is None or free_slots(job, production=True) < 1:

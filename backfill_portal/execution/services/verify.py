@@ -25,8 +25,10 @@ from backfill_portal.execution.checks import Check, run_checks
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import CheckResult, Run
+from backfill_portal.execution.selectors import run_get, verification_original
 from backfill_portal.execution.services.dispatch import dispatch_request, enqueue_execute, enqueue_verify
-from backfill_portal.execution.services.runs import Heartbeat, _interval_failed, run_get
+from backfill_portal.execution.services.intervals import interval_fail_with_run
+from backfill_portal.execution.services.runs import Heartbeat
 from backfill_portal.execution.transitions import run_transition
 from backfill_portal.backends import PublishConflict, get_warehouse
 from backfill_portal.catalog.specs import spec_for
@@ -90,7 +92,7 @@ def run_verify(*, run_id: str) -> str:
                     reason = "; ".join(f"{c.name}: {c.message}" for c in blocking_failures)
                     run_transition(run, to=S.VERIFICATION_FAILED, reason=reason[:500], data={"checks": summary},
                                    updates={"error": reason[:4000], "finished_at": now}, expect=fence)
-                    _interval_failed(run)
+                    interval_fail_with_run(run)
                     logger.warning("verification failed: %s", reason)
                     return "verification_failed"
                 if _needs_second_rerun(run):
@@ -198,7 +200,7 @@ def _publish(run: Run, *, actor, current=_UNREAD) -> str:
                     msg = (f"publish conflict: expected {expected or 'no version'} to be current, "
                            f"found {exc.current_run_id or 'none'}; nothing was overwritten")
                     run_transition(run, to=S.FAILED, reason=msg, updates={"error": msg, "finished_at": timezone.now()})
-                    _interval_failed(run)
+                    interval_fail_with_run(run)
                 logger.warning(msg)
                 return "conflict"
         with transaction.atomic():
@@ -252,14 +254,6 @@ def _needs_second_rerun(run: Run) -> bool:
     return bool(run.run_type == RunType.BACKFILL and run.request_id and run.interval_id and run.request.verify_twice)
 
 
-def _original_of(verification: Run) -> Run | None:
-    """The backfill run a verification run recomputes: the latest one of the same
-    interval created before it (a retry of the interval creates a new original later)."""
-    return (Run.objects.select_related("job__dataset", "request", "interval")
-            .filter(interval_id=verification.interval_id, run_type=RunType.BACKFILL, pk__lt=verification.pk)
-            .order_by("-pk").first())
-
-
 def second_rerun_start(run: Run) -> Run:
     """Create the verification run of `run` (inside the caller's transaction): same job,
     interval and code version, the same pinned inputs (its Consumption rows are copied
@@ -304,7 +298,7 @@ def second_rerun_compare(*, run_id: str) -> str:
         fence = verification_claim(verification)
         if fence is None:
             return "claimed-elsewhere"
-        original = _original_of(verification)
+        original = verification_original(verification)
         if original is None or original.status != S.VERIFYING:
             state = original.status if original else "missing"
             try:
@@ -346,7 +340,7 @@ def second_rerun_compare(*, run_id: str) -> str:
                     run_transition(original, to=S.VERIFICATION_FAILED, reason=message[:500],
                                    updates={"error": message[:4000], "finished_at": now},
                                    data={"checks": {"second_rerun": False}, "verification_run_id": verification.run_id})
-                    _interval_failed(original)
+                    interval_fail_with_run(original)
                     logger.warning("%s", message)
                     return "non_deterministic"
                 # Retired, not published: a verification run only ever proves the original.
