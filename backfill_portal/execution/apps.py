@@ -7,6 +7,17 @@ class ExecutionConfig(AppConfig):
     label = "execution"
 
     def ready(self):
+        from backfill_portal.backfills.services.run_control import RunControl, run_control_register
+        from backfill_portal.core.outbox import outbox_sender_register
+        from backfill_portal.execution.queue import send
+        from backfill_portal.execution.services.dispatch import request_retry_failed, request_stop_runs
+
+        # Backfills sits below execution and never imports it: what it needs from here
+        # is handed over now. The outbox writer (core) sends each committed row through
+        # the broker seam; cancelling and resuming a request stop or retry its runs.
+        outbox_sender_register(send)
+        run_control_register(RunControl(stop_runs=request_stop_runs, retry_failed=request_retry_failed))
+
         # Importing the packages registers every built-in executor and verification
         # check; the catalog's job-kind registry is below this layer and never imports it.
         from backfill_portal.execution import checks as verification_checks  # noqa: F401

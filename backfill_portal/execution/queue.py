@@ -1,8 +1,9 @@
-"""Enqueue Celery work through a transactional outbox.
+"""The broker seam of the transactional outbox: sending committed rows, re-sending
+what was never sent, counting a queue's messages.
 
-`enqueue` writes a TaskOutbox row in the caller's transaction and sends it after
-commit. If the process dies between commit and send, the row stays unsent and the
-sweeper re-sends it. Tasks re-read state, so a duplicate send is harmless.
+The writer, `enqueue`, lives in `core/outbox.py` so that every layer can hand work to
+a task by name in its own transaction; it is re-exported here for execution's callers.
+`send` is registered there as the sender when the execution app starts (apps.py).
 """
 from __future__ import annotations
 
@@ -11,23 +12,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
-from django.db import transaction
 from django.utils import timezone
 
-from backfill_portal.core.rows import insert_row, update_row
+from backfill_portal.core.outbox import BACKFILL_QUEUE, PRODUCTION_QUEUE, enqueue
+from backfill_portal.core.rows import update_row
 from backfill_portal.execution.models import TaskOutbox
 
+__all__ = ["BACKFILL_QUEUE", "PRODUCTION_QUEUE", "broker_queue_depth", "enqueue", "outbox_purge", "outbox_resend",
+           "send"]
+
 logger = logging.getLogger(__name__)
-
-PRODUCTION_QUEUE = "production"
-BACKFILL_QUEUE = "backfill"
-
-
-def enqueue(task: str, *args, headers: dict | None = None, queue: str = BACKFILL_QUEUE, eta=None) -> TaskOutbox:
-    """`eta`: an aware datetime before which the task is not delivered (a backoff)."""
-    row = insert_row(TaskOutbox(task=task, args=list(args), headers=headers or {}, queue=queue, eta=eta))
-    transaction.on_commit(lambda: send(row))
-    return row
 
 
 # -- the broker seam ----------------------------------------------------------------------------

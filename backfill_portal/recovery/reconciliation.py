@@ -37,8 +37,8 @@ from backfill_portal.backfills.choices import RequestStatus as R
 from backfill_portal.backfills import policy
 from backfill_portal.backfills.models import BackfillRequest, Interval, Reconciliation, ReconciliationRow, Verdict
 from backfill_portal.backfills.selectors import request_get
+from backfill_portal.backfills.services.lifecycle import request_complete
 from backfill_portal.catalog.calendar import partition_for
-from backfill_portal.backfills.transitions import request_transition
 from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.catalog.tolerances import BASELINE_WINDOW, DEFAULT_MEASURE_REL, DEFAULT_ROW_BAND
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
@@ -50,6 +50,7 @@ from backfill_portal.execution.transitions import RUN_ACTIVE
 from backfill_portal.warehouse.models import Consumption, Contamination, Publication
 from backfill_portal.backends import get_warehouse
 from backfill_portal.catalog.specs import spec_for
+from backfill_portal.warehouse.selectors import contamination_status, publications_in_effect
 
 _CHUNK = 500
 # A run whose version was published at some point (it may since have been replaced).
@@ -194,8 +195,6 @@ def _verdict(deviations: list[str], explanation: str) -> str:
 def _contaminations(run_pks: list[int]) -> dict[int, tuple]:
     """{run pk: (when the rollback found it, why)} for the runs whose version is in a
     rollback's contaminated closure (the nearest entry when there are several)."""
-    from backfill_portal.recovery.rollback import publications_in_effect, contamination_status
-
     rows = []
     for chunk in _chunks(sorted(set(run_pks))):
         rows += list(Contamination.objects.filter(version__run_id__in=chunk).select_related(
@@ -568,10 +567,18 @@ def reconciliation_signoff(*, actor, request_id, comment: str = "") -> BackfillR
         if claimed != 1:
             raise ConflictError(f"request #{request.pk} was signed off already", field="status")
         verdicts = (reconciliation.manifest or {}).get("verdicts", {})
-        request_transition(request, to=R.COMPLETED, actor=actor, action="request.signoff",
-                           reason=(comment or "").strip() or "reconciliation signed off",
-                           data={"verdicts": verdicts, "computed_at": reconciliation.computed_at})
+        request_complete(request, actor=actor, reason=(comment or "").strip() or "reconciliation signed off",
+                         data={"verdicts": verdicts, "computed_at": reconciliation.computed_at})
     return request
+
+
+def reconciliation_signoff_withdraw(*, request: BackfillRequest) -> dict | None:
+    """Inside the caller's transaction (a rollback reopening a completed request): the
+    sign-off is withdrawn, so the reconciliation can be computed and signed again.
+    Returns who had signed off and when (None: nobody had)."""
+    signed = Reconciliation.objects.filter(request=request).values("signed_off_by__username", "signed_off_at").first()
+    Reconciliation.objects.filter(request=request).update(signed_off_by=None, signed_off_at=None, signoff_comment="")
+    return signed and {"by": signed["signed_off_by__username"], "at": signed["signed_off_at"]}
 
 
 def request_reconcile_when_ready(*, request_id: int) -> str:
@@ -594,6 +601,7 @@ __all__ = [
     "reconciliation_recompute",
     "reconciliation_rows",
     "reconciliation_signoff",
+    "reconciliation_signoff_withdraw",
     "request_manifest",
     "request_reconcile_when_ready",
 ]

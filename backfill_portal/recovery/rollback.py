@@ -27,10 +27,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus
-from backfill_portal.backfills.models import BackfillRequest, Reconciliation
+from backfill_portal.backfills.models import BackfillRequest
 from backfill_portal.backfills.policy import ROLLBACKABLE_REQUEST_STATES, request_rollback_datasets, require_roll_back
 from backfill_portal.backfills.selectors import request_get
-from backfill_portal.backfills.transitions import request_transition
+from backfill_portal.backfills.services.lifecycle import request_reopen, request_rolled_back
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
 from backfill_portal.core.services.audit import audit_record
@@ -38,8 +38,10 @@ from backfill_portal.execution.choices import RunStatus, RunType
 from backfill_portal.execution.models import Run
 from backfill_portal.execution.queue import enqueue
 from backfill_portal.execution.transitions import run_transition
+from backfill_portal.recovery.reconciliation import reconciliation_signoff_withdraw
 from backfill_portal.warehouse.models import Consumption, Contamination, Publication, Version
 from backfill_portal.backends import PointerMove, get_warehouse
+from backfill_portal.warehouse.selectors import contamination_status, publications_in_effect
 
 logger = logging.getLogger(__name__)
 
@@ -356,46 +358,10 @@ def _record_closure(moves: list[Move], pubs: dict[int, Publication], *, actor, r
     affected = {e.version.run.request_id: e.version.run.request for e in closure if e.version.run.request_id}
     for pk, req in sorted(affected.items()):
         if req.status == RequestStatus.COMPLETED:
-            signed = Reconciliation.objects.filter(request=req).values("signed_off_by__username", "signed_off_at").first()
-            Reconciliation.objects.filter(request=req).update(signed_off_by=None, signed_off_at=None, signoff_comment="")
-            request_transition(req, to=RequestStatus.RECONCILING, actor=actor, action="request.reopen",
-                               reason=f"an input of what it published was rolled back: {reason}",
-                               updates={"finished_at": None},
-                               data={"signed_off": signed and {"by": signed["signed_off_by__username"],
-                                                               "at": signed["signed_off_at"]}})
+            signed = reconciliation_signoff_withdraw(request=req)
+            request_reopen(req, actor=actor, reason=reason, signed_off=signed)
         if req.status == RequestStatus.RECONCILING:
             enqueue("backfills.reconcile_request", pk, headers={"request_id": pk})
-
-
-def publications_in_effect(rows: list[Contamination]) -> dict[tuple[int, str], Publication]:
-    """The publication in effect for each (dataset, partition) of `rows`."""
-    pairs = {(r.dataset_id, r.partition_key) for r in rows}
-    found: dict[tuple[int, str], Publication] = {}
-    keys = sorted({k for _, k in pairs})
-    for pub in (Publication.objects.filter(dataset_id__in={d for d, _ in pairs}, partition_key__in=keys)
-                .select_related("version__run").order_by("id")):
-        if (pub.dataset_id, pub.partition_key) in pairs:
-            found[(pub.dataset_id, pub.partition_key)] = pub
-    return found
-
-
-def contamination_status(row: Contamination, current: Publication | None) -> dict:
-    """Where one closure entry stands: `pending` while readers still see the version
-    built from the rolled-back input, `rebuilt` once a version published after the
-    rollback replaced it, `withdrawn` when the pointer went back instead."""
-    base = "built from a rolled-back input"
-    rebuild = row.rebuild
-    if current is not None and current.version_id == row.version_id:
-        message = f"{base}: rebuild pending"
-        if rebuild is not None:
-            message += f" (#{rebuild.pk}, {rebuild.status})"
-        return {"state": "pending", "rebuilt_by": None, "message": message}
-    if current is not None and current.action == Publication.Action.PUBLISH and current.published_at >= row.found_at:
-        by = current.request_id
-        return {"state": "rebuilt", "rebuilt_by": by,
-                "message": f"{base}: rebuilt by #{by}" if by else f"{base}: rebuilt by run {current.version.run.run_id}"}
-    now = current.version.run.run_id if current is not None else "nothing"
-    return {"state": "withdrawn", "rebuilt_by": None, "message": f"{base}: no longer current (readers see {now})"}
 
 
 def closure_entries(rows) -> list[dict]:
@@ -475,9 +441,8 @@ def request_rollback(*, actor, request_id, reason: str) -> dict:
         raise ConflictError(f"request #{request.pk} is {request.status}; only a reconciling, completed or failed "
                             "request can be rolled back", field="status")
     moves = _plan_request(request)
-    _apply(moves, actor=actor, reason=reason, then=lambda: request_transition(
-        request, to=RequestStatus.ROLLED_BACK, actor=actor, action="request.rollback", reason=reason,
-        data={"partitions": [m.as_dict() for m in moves]}))
+    _apply(moves, actor=actor, reason=reason, then=lambda: request_rolled_back(
+        request, actor=actor, reason=reason, partitions=[m.as_dict() for m in moves]))
     bad = list(Version.objects.filter(run__request=request, run__status=RunStatus.ROLLED_BACK))
     return {"request": request.pk, "partitions": [m.as_dict() for m in moves], "consumers": consumers_of(bad),
             "impact": closure_entries(_closure_of(request=request))}
@@ -595,13 +560,11 @@ __all__ = [
     "closure_entries",
     "consumers_of",
     "contaminated_closure",
-    "contamination_status",
     "impact_preview",
     "partition_contamination",
     "partition_rollback",
     "partition_rollback_rebuild",
     "previous_verified",
-    "publications_in_effect",
     "request_rollback",
     "rollback_rebuild",
     "rollback_state",

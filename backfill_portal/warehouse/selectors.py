@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.errors import NotFound
-from backfill_portal.warehouse.models import Publication, Version
+from backfill_portal.warehouse.models import Contamination, Publication, Version
 from backfill_portal.backends import get_warehouse
 
 
@@ -20,3 +20,34 @@ def partition_state(*, dataset_name: str, partition_key: str) -> dict:
         raise NotFound(f"{dataset_name} has no version of partition {partition_key}")
     return {"dataset": dataset, "partition_key": partition_key, "current_run_id": current,
             "publications": publications, "versions": versions}
+
+
+def publications_in_effect(rows: list[Contamination]) -> dict[tuple[int, str], Publication]:
+    """The publication in effect for each (dataset, partition) of `rows`."""
+    pairs = {(r.dataset_id, r.partition_key) for r in rows}
+    found: dict[tuple[int, str], Publication] = {}
+    keys = sorted({k for _, k in pairs})
+    for pub in (Publication.objects.filter(dataset_id__in={d for d, _ in pairs}, partition_key__in=keys)
+                .select_related("version__run").order_by("id")):
+        if (pub.dataset_id, pub.partition_key) in pairs:
+            found[(pub.dataset_id, pub.partition_key)] = pub
+    return found
+
+
+def contamination_status(row: Contamination, current: Publication | None) -> dict:
+    """Where one closure entry stands: `pending` while readers still see the version
+    built from the rolled-back input, `rebuilt` once a version published after the
+    rollback replaced it, `withdrawn` when the pointer went back instead."""
+    base = "built from a rolled-back input"
+    rebuild = row.rebuild
+    if current is not None and current.version_id == row.version_id:
+        message = f"{base}: rebuild pending"
+        if rebuild is not None:
+            message += f" (#{rebuild.pk}, {rebuild.status})"
+        return {"state": "pending", "rebuilt_by": None, "message": message}
+    if current is not None and current.action == Publication.Action.PUBLISH and current.published_at >= row.found_at:
+        by = current.request_id
+        return {"state": "rebuilt", "rebuilt_by": by,
+                "message": f"{base}: rebuilt by #{by}" if by else f"{base}: rebuilt by run {current.version.run.run_id}"}
+    now = current.version.run.run_id if current is not None else "nothing"
+    return {"state": "withdrawn", "rebuilt_by": None, "message": f"{base}: no longer current (readers see {now})"}

@@ -30,13 +30,9 @@ from backfill_portal.backfills.services.requests import (
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Attempt, Run
-from backfill_portal.execution.services.dispatch import (
-    dispatch_request,
-    request_pause,
-    request_resume,
-    request_start_after_approval,
-    request_stop_runs,
-)
+from backfill_portal.backfills.services.lifecycle import request_pause, request_resume
+from backfill_portal.backfills.services.requests import request_start_after_approval
+from backfill_portal.execution.services.dispatch import dispatch_request, request_stop_runs
 from backfill_portal.execution.services.sweep import (
     SWEEP_ACTION,
     SWEEP_COUNTS,

@@ -21,7 +21,7 @@ from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.choices import AttemptStatus, RunStatus
 from backfill_portal.execution.models import Attempt, CheckResult, Delivery, Run
 from backfill_portal.execution.services import runs as runs_service
-from backfill_portal.execution.services.dispatch import dispatch_all, request_pause, request_resume, request_retry_failed
+from backfill_portal.execution.services.dispatch import dispatch_all, request_retry_failed
 from backfill_portal.warehouse.models import Consumption, Publication, Version
 from backfill_portal.catalog.specs import spec_for
 from tests.execution import jobs as test_jobs
@@ -375,18 +375,6 @@ def test_callable_that_raises_stops_at_max_attempts_and_the_queue_drains(persona
     assert {r.attempts.count() for r in Run.objects.filter(request=request)} == {3}
 
 
-def test_pause_stops_dispatch_and_resume_continues(personas, ready, warehouse):
-    request = approved_request(personas, start="2022-10-01", end="2022-10-04", max_active_intervals=1)
-    request_pause(actor=personas["alice"], request_id=request.pk)
-    ready.drain()
-    assert Interval.objects.filter(request=request, status=IntervalStatus.PUBLISHED).count() == 0
-    request_resume(actor=personas["oscar"], request_id=request.pk)
-    ready.drain()
-    request.refresh_from_db()
-    assert request.status == RequestStatus.RECONCILING
-    assert AuditEvent.objects.filter(request_id=request.pk, action__in=["request.pause", "request.resume"]).count() == 2
-
-
 def test_cancel_stops_queued_runs_and_nothing_becomes_visible(personas, ready, warehouse):
     request = approved_request(personas, start="2022-10-01", end="2022-10-03")
     ready.drain(limit=1)  # dispatch only: runs queued
@@ -473,20 +461,6 @@ def test_run_and_partition_api_show_attempts_checks_pins_version_and_history(per
     assert [p["run_id"] for p in part["publications"]][:2] == [run.run_id, body["expected_previous_run_id"]]
     assert api("audrey").get("/api/datasets/dwd_order_items/partitions/1999-01-01/").status_code == 404
     assert api("audrey").get("/api/runs/run_nope/").status_code == 404
-
-
-def test_pause_resume_and_retry_through_the_api_with_clear_refusals(personas, ready, warehouse, api):
-    request = approved_request(personas, start="2022-10-01", end="2022-10-02", max_active_intervals=1)
-    assert api("alice").post(f"/api/requests/{request.pk}/pause/").json()["paused"] is True
-    again = api("alice").post(f"/api/requests/{request.pk}/pause/")
-    assert again.status_code == 409 and "status" in again.json()["errors"]
-    forged = api("audrey").post(f"/api/requests/{request.pk}/resume/")
-    assert forged.status_code == 403
-    assert AuditEvent.objects.filter(request_id=request.pk, action="denied.request.resume").exists()
-    assert api("oscar").post(f"/api/requests/{request.pk}/resume/").json()["paused"] is False
-    ready.drain()
-    done = api("alice").post(f"/api/requests/{request.pk}/retry_failed/")
-    assert done.status_code == 409  # nothing failed
 
 
 def test_scheduler_creates_one_production_run_per_scheduled_job_and_closed_interval(personas, ready, warehouse):

@@ -35,7 +35,8 @@ import json
 from django.contrib.auth.models import User
 from backfill_portal.backfills.services.requests import backfill_request_create, backfill_request_decide, backfill_request_submit
 from backfill_portal.execution.models import Run
-from backfill_portal.execution.services.dispatch import dispatch_request, request_start_after_approval
+from backfill_portal.backfills.services.requests import request_start_after_approval
+from backfill_portal.execution.services.dispatch import dispatch_request
 alice = User.objects.get(username="alice")
 req, _ = backfill_request_create(actor=alice, job="dwd_order_items", start="2022-10-01", end="2022-10-03", reason="serving test")
 backfill_request_submit(actor=alice, request_id=req.pk, confirm_overlap=True)

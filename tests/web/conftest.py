@@ -11,8 +11,8 @@ from backfill_portal.backfills.services.requests import (
     backfill_request_create,
     backfill_request_decide,
     backfill_request_submit,
+    request_start_after_approval,
 )
-from backfill_portal.execution.services.dispatch import request_start_after_approval
 
 REASON = "late order events from the payment gateway"
 

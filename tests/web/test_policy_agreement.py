@@ -39,12 +39,9 @@ from backfill_portal.backfills.services.requests import (
 )
 from backfill_portal.backfills.transitions import interval_transition, request_transition
 from backfill_portal.core.errors import ApplicationError, PermissionDenied
-from backfill_portal.execution.services.dispatch import (
-    request_pause,
-    request_resume,
-    request_retry_failed,
-    request_start_after_approval,
-)
+from backfill_portal.backfills.services.lifecycle import request_pause, request_resume
+from backfill_portal.backfills.services.requests import request_start_after_approval
+from backfill_portal.execution.services.dispatch import request_retry_failed
 from backfill_portal.recovery.reconciliation import (
     interval_explain,
     reconciliation_get,

@@ -12,6 +12,8 @@ from django.utils import timezone
 from backfill_portal.backfills import policy
 from backfill_portal.backfills.choices import Cascade
 from backfill_portal.backfills.models import BackfillRequest, HandoffItem
+from backfill_portal.backfills.services.notifications import notify
+from backfill_portal.backfills.services.requests import backfill_request_create, backfill_request_submit
 from backfill_portal.catalog.lineage import covered_partitions
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
 from backfill_portal.core.services.audit import audit_record
@@ -46,8 +48,6 @@ def handoffs_open_for(*, request_id: int) -> list[HandoffItem]:
 
 
 def _notify(item: HandoffItem) -> None:
-    from backfill_portal.backfills.services.notifications import notify
-
     notify(users=[item.owner], subject=f"Hand-off: rebuild {item.job.name}? (request #{item.request_id})",
            body=(f"Request #{item.request_id} republished {item.request.job.dataset.name} for "
                  f"{item.first_partition}..{item.last_partition}. Decide before {item.deadline:%Y-%m-%d %H:%M} UTC "
@@ -81,8 +81,6 @@ def _decide(*, actor, item: HandoffItem, to: str, comment: str, follow_up: Backf
 
 def handoff_accept(*, actor, item_id, comment: str = "") -> HandoffItem:
     """Accept: file (create and submit) a cascade request from this node downwards."""
-    from backfill_portal.backfills.services.requests import backfill_request_create, backfill_request_submit
-
     item = handoff_get(item_id)
     _check(actor=actor, item=item, to=Status.ACCEPTED)
     with transaction.atomic():

@@ -1,4 +1,6 @@
-"""Backfill request lifecycle: create a draft, submit (freeze), approve, reject, cancel."""
+"""Backfill request lifecycle: create a draft, submit (freeze), approve, reject, cancel,
+and start once approved. What follows (failed, reconciling, completed, reopened,
+rolled back, paused) is in lifecycle.py."""
 from __future__ import annotations
 
 import hashlib
@@ -17,6 +19,7 @@ from backfill_portal.backfills.models import MAX_ACTIVE_INTERVALS_LIMIT, Approva
 from backfill_portal.backfills.selectors import request_get
 from backfill_portal.catalog.calendar import PlannedInterval, plan_intervals
 from backfill_portal.backfills.services.notifications import notify_approvers
+from backfill_portal.backfills.services.run_control import run_control
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
 from backfill_portal.backfills.staleness import StaleLater, check_exclusions, published_after, stale_later
 from backfill_portal.backfills.transitions import (
@@ -28,6 +31,7 @@ from backfill_portal.backfills.transitions import (
 from backfill_portal.catalog.lineage import LineageGraph, covered_partitions
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ConflictError, ValidationError
+from backfill_portal.core.outbox import enqueue
 from backfill_portal.core.services.audit import audit_record
 
 
@@ -414,14 +418,32 @@ def approval_step_decide(*, actor, step: ApprovalStep, approve: bool, comment: s
         elif not ApprovalStep.objects.filter(request=request).exclude(status=StepStatus.APPROVED).exists():
             request_transition(request, to=RequestStatus.APPROVED, actor=actor, reason=comment,
                                updates={"decided_at": timezone.now()}, action="request.approve")
-            transaction.on_commit(lambda: _on_approved(request.pk))
+            pk = request.pk
+            transaction.on_commit(lambda: request_start_after_approval(request_id=pk))
     return step
 
 
-def _on_approved(request_id: int) -> None:
-    from backfill_portal.backfills.hooks import request_approved
+def request_lock(request_id: int) -> None:
+    """Inside a transaction: wait for whoever else is moving this request (the hand-off
+    after a commit and the sweeper repairing a lost one), so that the second finds the
+    work done. SQLite's IMMEDIATE transactions already serialise writers."""
+    list(BackfillRequest.objects.select_for_update().filter(pk=request_id).values_list("pk", flat=True))
 
-    request_approved(request_id)
+
+def request_start_after_approval(*, request_id: int) -> bool:
+    """approved -> running, and execution is asked to dispatch it (a task sent through
+    the outbox, in the same transaction). Runs after the approval commits, and from the
+    sweeper when that was lost. Returns whether it started the request (False: someone
+    did already, or it is no longer approved)."""
+    with transaction.atomic():
+        request_lock(request_id)
+        request = request_get(request_id)
+        if request.status != RequestStatus.APPROVED:
+            return False
+        request_transition(request, to=RequestStatus.RUNNING, actor=None, reason="all approval steps approved",
+                           action="request.start")
+        enqueue("execution.dispatch_request", request.pk, headers={"request_id": request.pk})
+    return True
 
 
 def backfill_request_decide(*, actor, request_id, approve: bool, comment: str = "") -> BackfillRequest:
@@ -446,6 +468,7 @@ def backfill_request_cancel(*, actor, request_id, reason: str = "") -> BackfillR
     """Cancel: the requester, on-call or an admin. Open intervals are cancelled with it."""
     request = request_get(request_id)
     policy.require_operate(actor, request, "request.cancel")
+    had_work = request.status in (RequestStatus.APPROVED, RequestStatus.RUNNING)
     with transaction.atomic():
         request_transition(request, to=RequestStatus.CANCELLED, actor=actor, reason=reason, action="request.cancel")
         for step in ApprovalStep.objects.filter(request=request, status=StepStatus.PENDING):
@@ -453,11 +476,7 @@ def backfill_request_cancel(*, actor, request_id, reason: str = "") -> BackfillR
             step_transition(step, to=StepStatus.CANCELLED, actor=actor, comment="request cancelled")
         intervals_bulk_transition(request, frm=IntervalStatus.PLANNED, to=IntervalStatus.CANCELLED, actor=actor,
                                   reason="request cancelled")
-        transaction.on_commit(lambda: _on_cancelled(request.pk))
+        if had_work:  # once this commits, its runs (execution's) stop; if that is lost, the sweeper stops them
+            pk = request.pk
+            transaction.on_commit(lambda: run_control().stop_runs(request_id=pk))
     return request
-
-
-def _on_cancelled(request_id: int) -> None:
-    from backfill_portal.backfills.hooks import request_cancelled
-
-    request_cancelled(request_id)

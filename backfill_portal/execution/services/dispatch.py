@@ -16,7 +16,9 @@ from backfill_portal.backfills.choices import Cascade, Strategy
 from backfill_portal.backfills.models import BackfillRequest, Interval
 from backfill_portal.backfills.policy import require_operate
 from backfill_portal.backfills.selectors import request_get
-from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition, request_transition
+from backfill_portal.backfills.services.lifecycle import request_fail, request_reconciling, request_resume_after_failure
+from backfill_portal.backfills.services.requests import request_lock
+from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.rows import insert_row
@@ -118,25 +120,6 @@ def free_slots(job: Job, *, production: bool) -> int:
                       pool_limit - active["of_pool"]))
 
 
-def _lock_request(request_id: int) -> None:
-    """Inside a transaction: wait for whoever else is moving this request (the hand-off
-    after a commit and the sweeper repairing a lost one), so that the second finds the
-    work done. SQLite's IMMEDIATE transactions already serialise writers."""
-    list(BackfillRequest.objects.select_for_update().filter(pk=request_id).values_list("pk", flat=True))
-
-
-def request_start_after_approval(*, request_id: int) -> bool:
-    """approved -> running, and dispatch. Returns whether it started the request (False:
-    someone did already, or it is no longer approved)."""
-    with transaction.atomic():
-        _lock_request(request_id)
-        request = request_get(request_id)
-        if request.status != R.APPROVED:
-            return False
-        request_transition(request, to=R.RUNNING, actor=None, reason="all approval steps approved",
-                           action="request.start")
-        enqueue("execution.dispatch_request", request.pk, headers={"request_id": request.pk})
-    return True
 
 
 def _candidates(request: BackfillRequest, job: Job, limit: int) -> list[Interval]:
@@ -277,14 +260,9 @@ def request_check_done(request: BackfillRequest) -> None:
     if intervals.filter(status=I.PLANNED).exists() and (not failed or not _all_planned_blocked(request)):
         return
     if failed:
-        request_transition(request, to=R.FAILED, actor=None, action="request.failed",
-                           reason=f"{failed} interval(s) failed after their last attempt",
-                           data={"failed": failed})
+        request_fail(request, failed=failed)
     else:
-        request_transition(request, to=R.RECONCILING, actor=None, action="request.reconciling",
-                           reason="every interval published or skipped; reconciliation pending")
-        enqueue("backfills.reconcile_request", request.pk, headers={"request_id": request.pk})
-        transaction.on_commit(lambda: request_reached_reconciling(request.pk))
+        request_reconciling(request)
 
 
 def _all_planned_blocked(request: BackfillRequest) -> bool:
@@ -304,44 +282,6 @@ def _all_planned_blocked(request: BackfillRequest) -> bool:
     return True
 
 
-def request_reached_reconciling(request_id: int) -> None:
-    from backfill_portal.backfills.hooks import request_reconciling
-
-    request_reconciling(request_id)
-
-
-def request_pause(*, actor, request_id) -> BackfillRequest:
-    request = request_get(request_id)
-    require_operate(actor, request, "request.pause")
-    with transaction.atomic():
-        claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=False).update(paused=True)
-        if claimed != 1:
-            raise ConflictError(f"request #{request.pk} is {request.status}{' and paused' if request.paused else ''}; "
-                                "only a running request can be paused", field="status")
-        audit_record(actor=actor, action="request.pause", object_type="request", object_id=request.pk,
-                     request_id=request.pk, dataset=request.job.dataset.name, from_state="running", to_state="paused")
-    request.paused = True
-    return request
-
-
-def request_resume(*, actor, request_id) -> BackfillRequest:
-    """Resume a paused request (dispatch again) or retry a failed one."""
-    request = request_get(request_id)
-    require_operate(actor, request, "request.resume")
-    if request.status == R.FAILED:
-        return request_retry_failed(actor=actor, request_id=request_id)
-    with transaction.atomic():
-        claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=True).update(paused=False)
-        if claimed != 1:
-            raise ConflictError(f"request #{request.pk} is {request.status} and not paused; nothing to resume",
-                                field="status")
-        audit_record(actor=actor, action="request.resume", object_type="request", object_id=request.pk,
-                     request_id=request.pk, dataset=request.job.dataset.name, from_state="paused", to_state="running")
-        enqueue("execution.dispatch_request", request.pk, headers={"request_id": request.pk})
-    request.paused = False
-    return request
-
-
 def request_retry_failed(*, actor, request_id) -> BackfillRequest:
     """Failed runs get new attempts on the same frozen code version; published
     intervals are left alone."""
@@ -355,8 +295,7 @@ def request_retry_failed(*, actor, request_id) -> BackfillRequest:
         raise ConflictError(f"request #{request.pk} has no failed intervals", field="status")
     with transaction.atomic():
         if request.status == R.FAILED:
-            request_transition(request, to=R.RUNNING, actor=actor, action="request.retry_failed",
-                               reason=f"retrying {len(failed)} failed interval(s)")
+            request_resume_after_failure(request, actor=actor, failed=len(failed))
         for interval in failed:
             interval.request = request
             run = Run.objects.filter(interval=interval).order_by("-id").first()
@@ -374,12 +313,14 @@ def request_retry_failed(*, actor, request_id) -> BackfillRequest:
 
 
 def request_stop_runs(*, request_id: int) -> int:
-    """After a cancel: queued and running work stops; nothing partial becomes visible
-    (the publish of a cancelled run is refused by its state). Returns how many runs and
-    intervals it stopped (0: nothing was left, e.g. someone stopped them already)."""
+    """After a cancel commits (backfills calls it through its run control), and from the
+    sweeper when that hand-off was lost: queued and running work stops; nothing partial
+    becomes visible (the publish of a cancelled run is refused by its state). Returns
+    how many runs and intervals it stopped (0: nothing was left, e.g. someone stopped
+    them already)."""
     stopped = 0
     with transaction.atomic():
-        _lock_request(request_id)
+        request_lock(request_id)
         request = BackfillRequest.objects.select_related("job__dataset").get(pk=request_id)
         for run in Run.objects.filter(request=request, status__in=RUN_ACTIVE).select_related("job__dataset"):
             run_transition(run, to=RunStatus.CANCELLED, reason="request cancelled", updates={"finished_at": timezone.now()})

@@ -26,6 +26,7 @@ from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.choices import RequestStatus as R
 from backfill_portal.backfills.models import BackfillRequest, HandoffItem, Interval, Reconciliation
 from backfill_portal.backfills.services.handoff import handoffs_open_for
+from backfill_portal.backfills.services.requests import request_start_after_approval
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.services.audit import audit_record
@@ -33,7 +34,6 @@ from backfill_portal.execution.models import Run, TaskOutbox
 from backfill_portal.execution.queue import enqueue, outbox_resend
 from backfill_portal.execution.services.dispatch import (
     dispatch_all,
-    request_start_after_approval,
     request_stop_runs,
     runs_resend_stale,
     warehouse_probe_and_resume,

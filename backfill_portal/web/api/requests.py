@@ -27,7 +27,8 @@ from backfill_portal.backfills.services.requests import (
     backfill_request_submit,
     request_get,
 )
-from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
+from backfill_portal.backfills.services.lifecycle import request_pause, request_resume
+from backfill_portal.execution.services.dispatch import request_retry_failed
 from backfill_portal.web.api.reconciliation import (
     ExplainSerializer,
     ReconciliationCSVRenderer,

@@ -55,7 +55,8 @@ from backfill_portal.core.web import (
     render_page,
 )
 from backfill_portal.execution.models import Attempt, Run
-from backfill_portal.execution.services.dispatch import request_pause, request_resume, request_retry_failed
+from backfill_portal.backfills.services.lifecycle import request_pause, request_resume
+from backfill_portal.execution.services.dispatch import request_retry_failed
 from backfill_portal.warehouse.services.outage import warehouse_outage_current
 from backfill_portal.recovery.rollback import (
     request_rollback,

@@ -1,0 +1,44 @@
+"""Pause and resume (backfills' lifecycle services): a paused request dispatches nothing
+new, resuming dispatches again; the API's refusals are clear."""
+from __future__ import annotations
+
+import pytest
+
+from backfill_portal.backfills.choices import IntervalStatus, RequestStatus
+from backfill_portal.backfills.models import Interval
+from backfill_portal.backfills.services.lifecycle import request_pause, request_resume
+from backfill_portal.core.models import AuditEvent
+from tests.execution.test_pipeline import approved_request
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def ready(catalog, demo_sources, task_queue, warehouse):
+    return task_queue
+
+
+def test_pause_stops_dispatch_and_resume_continues(personas, ready, warehouse):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-04", max_active_intervals=1)
+    request_pause(actor=personas["alice"], request_id=request.pk)
+    ready.drain()
+    assert Interval.objects.filter(request=request, status=IntervalStatus.PUBLISHED).count() == 0
+    request_resume(actor=personas["oscar"], request_id=request.pk)
+    ready.drain()
+    request.refresh_from_db()
+    assert request.status == RequestStatus.RECONCILING
+    assert AuditEvent.objects.filter(request_id=request.pk, action__in=["request.pause", "request.resume"]).count() == 2
+
+
+def test_pause_resume_and_retry_through_the_api_with_clear_refusals(personas, ready, warehouse, api):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-02", max_active_intervals=1)
+    assert api("alice").post(f"/api/requests/{request.pk}/pause/").json()["paused"] is True
+    again = api("alice").post(f"/api/requests/{request.pk}/pause/")
+    assert again.status_code == 409 and "status" in again.json()["errors"]
+    forged = api("audrey").post(f"/api/requests/{request.pk}/resume/")
+    assert forged.status_code == 403
+    assert AuditEvent.objects.filter(request_id=request.pk, action="denied.request.resume").exists()
+    assert api("oscar").post(f"/api/requests/{request.pk}/resume/").json()["paused"] is False
+    ready.drain()
+    done = api("alice").post(f"/api/requests/{request.pk}/retry_failed/")
+    assert done.status_code == 409  # nothing failed
