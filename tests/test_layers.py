@@ -5,6 +5,7 @@ copy of the package with deliberately wrong imports added, so the test fails if 
 contract were removed, reordered or weakened."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -43,6 +44,44 @@ def lint_imports(root: Path) -> tuple[int, str]:
                           text=True, timeout=300)
     # One line per sentence whatever the console width: rich wraps at spaces.
     return done.returncode, re.sub(r"\s+", " ", done.stdout + done.stderr)
+
+
+# Strongly connected components of the module import graph (grimp, which import-linter
+# uses, sees imports inside functions too). The acyclic_siblings contract does not look
+# at a package's __init__ and its own submodules; this does, for every module.
+CYCLES_SCRIPT = """
+import json, sys
+import grimp
+sys.setrecursionlimit(100000)
+graph = grimp.build_graph("backfill_portal")
+index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+def visit(v):
+    index[v] = low[v] = counter[0]; counter[0] += 1; stack.append(v); on.add(v)
+    for w in graph.find_modules_directly_imported_by(v):
+        if w not in index:
+            visit(w); low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        component = []
+        while True:
+            w = stack.pop(); on.discard(w); component.append(w)
+            if w == v:
+                break
+        if len(component) > 1:
+            cycles.append(sorted(component))
+for module in sorted(graph.modules):
+    if module not in index:
+        visit(module)
+print(json.dumps(cycles))
+"""
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", CYCLES_SCRIPT], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300, check=True)
+    return json.loads(done.stdout)
 
 
 def existing(root: Path) -> list[str]:
@@ -89,3 +128,19 @@ def test_an_import_cycle_breaks_the_acyclic_contract(tmp_path):
     assert f"{LAYERS_CONTRACT} (docs/architecture.md) KEPT" in out and "1 kept, 1 broken" in out, out
     assert "No cycles are allowed in backfill_portal.catalog" in out, out
     assert ".zz_cycle_a -> .zz_cycle_b" in out or ".zz_cycle_b -> .zz_cycle_a" in out, out
+
+
+def test_no_module_reaches_itself_through_its_imports():
+    assert import_cycles(ROOT) == []
+
+
+def test_a_package_and_its_own_submodule_importing_each_other_is_a_cycle(tmp_path):
+    """The shape a registry package takes when its kind modules register themselves
+    through the package that imports them."""
+    root = package_copy(tmp_path)
+    package = root / "backfill_portal" / "catalog" / "zz_registry"
+    package.mkdir()
+    (package / "__init__.py").write_text("REGISTRY = {}\nfrom backfill_portal.catalog.zz_registry import kind  # noqa\n")
+    (package / "kind.py").write_text("from backfill_portal.catalog.zz_registry import REGISTRY  # noqa: F401\n")
+
+    assert import_cycles(root) == [["backfill_portal.catalog.zz_registry", "backfill_portal.catalog.zz_registry.kind"]]

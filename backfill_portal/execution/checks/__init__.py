@@ -19,33 +19,17 @@ SQL assertions, which stay data in the catalog and are run by one check class
 """
 from __future__ import annotations
 
-from backfill_portal.core.registry import Registry
 from backfill_portal.execution.checks.base import Check, CheckContext, VerificationCheck
+from backfill_portal.execution.checks.registry import (
+    register_check,
+    registered_checks,
+    registry,
+    run_checks,
+    unregister_check,
+)
 
 __all__ = ["Check", "CheckContext", "VerificationCheck", "register_check", "registered_checks", "registry",
            "run_checks", "unregister_check"]
 
-registry: Registry[VerificationCheck] = Registry("verification check")
-
-
-def register_check(cls: type[VerificationCheck]) -> type[VerificationCheck]:
-    registry.register(cls.name, cls())
-    return cls
-
-
-def unregister_check(name: str) -> None:
-    registry.unregister(name)
-
-
-def registered_checks() -> list[VerificationCheck]:
-    return sorted(registry, key=lambda c: (c.order, c.name))
-
-
-def run_checks(run, warehouse) -> list[Check]:
-    """Every registered check's results for the run's staged version, in order."""
-    ctx = CheckContext(run, warehouse)
-    return [result for check in registered_checks() for result in check.run(ctx)]
-
-
-# The built-in checks register themselves on import (after the registry above exists).
+# The built-in checks register themselves in checks/registry.py on import.
 from backfill_portal.execution.checks import assertions, inputs, measure, rows, schema  # noqa: E402,F401

@@ -3,7 +3,7 @@ SELECT of the rows that violate it; any row returned is a failure, blocking unle
 catalog says `blocking: false`. One check class runs them all, in catalog order."""
 from __future__ import annotations
 
-from backfill_portal.execution.checks import register_check
+from backfill_portal.execution.checks.registry import register_check
 from backfill_portal.execution.checks.base import Check, CheckContext, VerificationCheck
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar
 
-from backfill_portal.execution.executors import LazyPins, render
+from backfill_portal.execution.executors.base import LazyPins, render
 from backfill_portal.execution.models import Run
 from backfill_portal.catalog.specs import spec_for
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.db.models import Q
 
-from backfill_portal.execution.checks import register_check
+from backfill_portal.execution.checks.registry import register_check
 from backfill_portal.execution.checks.base import Check, CheckContext, VerificationCheck
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.models import Run

@@ -3,9 +3,9 @@ source_measure_sql), within tolerances.measure_rel (catalog/tolerances.py's defa
 from __future__ import annotations
 
 from backfill_portal.catalog.tolerances import DEFAULT_MEASURE_REL
-from backfill_portal.execution.checks import register_check
+from backfill_portal.execution.checks.registry import register_check
 from backfill_portal.execution.checks.base import CheckContext, VerificationCheck
-from backfill_portal.execution.executors import ExecutionError
+from backfill_portal.execution.executors.base import ExecutionError
 
 
 @register_check

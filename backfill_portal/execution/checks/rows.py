@@ -4,7 +4,7 @@ from __future__ import annotations
 import statistics
 
 from backfill_portal.catalog.tolerances import BASELINE_WINDOW, DEFAULT_ROW_BAND
-from backfill_portal.execution.checks import register_check
+from backfill_portal.execution.checks.registry import register_check
 from backfill_portal.execution.checks.base import CheckContext, VerificationCheck
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.models import Run

@@ -1,7 +1,7 @@
 """The version's columns are exactly the dataset's declared ones."""
 from __future__ import annotations
 
-from backfill_portal.execution.checks import register_check
+from backfill_portal.execution.checks.registry import register_check
 from backfill_portal.execution.checks.base import CheckContext, VerificationCheck
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Callable
 
 from backfill_portal.backends import Marker
-from backfill_portal.execution.executors import register_executor
+from backfill_portal.execution.executors.registry import register_executor
 from backfill_portal.execution.executors.base import ExecutionContext, ExecutionError, reader
 
 

@@ -8,7 +8,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from backfill_portal.backends import Marker, WarehouseBackend
-from backfill_portal.execution.executors import register_executor
+from backfill_portal.execution.executors.registry import register_executor
 from backfill_portal.execution.executors.base import ExecutionContext, ExecutionError, PinnedInputs, reader
 from backfill_portal.execution.models import Delivery, Run
 

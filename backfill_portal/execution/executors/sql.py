@@ -3,7 +3,7 @@ its result."""
 from __future__ import annotations
 
 from backfill_portal.backends import Marker
-from backfill_portal.execution.executors import register_executor
+from backfill_portal.execution.executors.registry import register_executor
 from backfill_portal.execution.executors.base import ExecutionContext
 
 
