@@ -13,10 +13,11 @@ from django.utils import timezone
 
 from backfill_portal.celery import app
 from backfill_portal.core.models import AuditEvent
+from backfill_portal.execution.checks import VerificationCheck, register_check
+from backfill_portal.execution.checks import registry as checks_registry
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Run, TaskOutbox
 from backfill_portal.execution.services import dispatch as dispatch_service
-from backfill_portal.execution.services import verify as verify_service
 from backfill_portal.execution.services.dispatch import runs_resend_stale
 from backfill_portal.execution.services.runs import Heartbeat
 from backfill_portal.execution.services.verify import (
@@ -71,23 +72,27 @@ def test_a_verification_whose_verifier_died_after_its_claim_is_reclaimed_and_pub
     assert Publication.objects.filter(version__run=run).count() == 1
 
 
-def test_a_reclaimed_verifier_that_wakes_up_changes_nothing(personas, ready, monkeypatch):
+def test_a_reclaimed_verifier_that_wakes_up_changes_nothing(personas, ready):
     run = staged_run(personas, ready)
-    real_checks = verify_service.compute_checks
     taken_over = []
 
-    def frozen_while_checking(target, warehouse):
-        # While this verifier is frozen, the sweeper reclaims the run and a second
-        # verifier claims it; then this one wakes up with its (passing) checks.
-        checks = real_checks(target, warehouse)
-        assert runs_reclaim_verifying(now=timezone.now() + LATER) == 1
-        fresh = Run.objects.select_related("job__dataset").get(pk=target.pk)
-        taken_over.append(verification_claim(fresh))
-        return checks
+    class FrozenWhileChecking(VerificationCheck):
+        """Runs last, once: while this verifier is frozen, the sweeper reclaims the run
+        and a second verifier claims it; then this one wakes up with its (passing) checks."""
 
-    monkeypatch.setattr(verify_service, "compute_checks", frozen_while_checking)
-    assert run_verify(run_id=run.run_id) == "fenced"
-    monkeypatch.setattr(verify_service, "compute_checks", real_checks)
+        name = "zz_frozen_while_checking"
+        order = 10_000
+
+        def run(self, ctx):
+            if not taken_over:
+                assert runs_reclaim_verifying(now=timezone.now() + LATER) == 1
+                fresh = Run.objects.select_related("job__dataset").get(pk=ctx.run.pk)
+                taken_over.append(verification_claim(fresh))
+            yield self.result(True)
+
+    with checks_registry.scoped():
+        register_check(FrozenWhileChecking)
+        assert run_verify(run_id=run.run_id) == "fenced"
     run.refresh_from_db()
     assert run.status == RunStatus.VERIFYING  # the second verifier's, untouched
     assert run.verify_token == taken_over[0]["verify_token"]

@@ -21,7 +21,7 @@ from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
 from backfill_portal.core.rows import insert_row
 from backfill_portal.core.services.audit import audit_record
-from backfill_portal.execution.checks import Check, run_checks
+from backfill_portal.execution.checks import run_checks
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import CheckResult, Run
@@ -36,11 +36,6 @@ from backfill_portal.warehouse.models import Consumption, Publication, Version
 from backfill_portal.warehouse.services.outage import warehouse_outage_confirm
 
 logger = logging.getLogger(__name__)
-
-
-def compute_checks(run: Run, warehouse) -> list[Check]:
-    """Every registered verification check (`execution/checks/`), in order."""
-    return run_checks(run, warehouse)
 
 
 def run_verify(*, run_id: str) -> str:
@@ -68,7 +63,7 @@ def run_verify(*, run_id: str) -> str:
             return "claimed-elsewhere"
         try:
             with verification_heartbeat(run, fence):
-                checks = compute_checks(run, warehouse)
+                checks = run_checks(run, warehouse)  # every registered check, in order
         except Exception as exc:
             logger.warning("verification could not run: %s", exc)
             try:
