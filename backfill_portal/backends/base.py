@@ -103,6 +103,14 @@ class DatasetSpec:
     columns: tuple[ColumnSpec, ...]
     business_key: tuple[str, ...]
     core_measure: str = ""
+    #: A declared text column that holds the partition key ('2022-10-01',
+    #: '2022-10-01T03') in every row: readers filter on it, and a row whose value is
+    #: not its version's partition key is refused when staged. "": readers filter on
+    #: the bookkeeping column `_partition` instead.
+    partition_column: str = ""
+    #: Indexes a reader's usual filters need, each a tuple of declared column names,
+    #: created on every version.
+    indexes: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         identifier(self.name, what="dataset", max_length=MAX_DATASET_NAME)
@@ -123,6 +131,22 @@ class DatasetSpec:
                 f"business key {self.business_key!r} of {self.name!r} must name declared columns",
                 field="business_key",
             )
+        if self.partition_column and (self.partition_column not in names
+                                      or self.column(self.partition_column).type != "text"):
+            raise ValidationError(
+                f"partition column {self.partition_column!r} of {self.name!r} must be a declared text column",
+                field="partition_column",
+            )
+        indexes = tuple(tuple(ix) for ix in self.indexes)
+        object.__setattr__(self, "indexes", indexes)
+        for ix in indexes:
+            if not ix or len(set(ix)) != len(ix) or any(c not in names for c in ix):
+                raise ValidationError(
+                    f"index {list(ix)!r} of {self.name!r} must name distinct declared columns",
+                    field="indexes",
+                )
+        if len(set(indexes)) != len(indexes):
+            raise ValidationError(f"dataset {self.name!r} declares an index twice", field="indexes")
         if self.core_measure and self.column(self.core_measure).type not in ("integer", "numeric"):
             raise ValidationError(
                 f"core measure {self.core_measure!r} of {self.name!r} must be a declared integer or numeric column",
@@ -137,6 +161,11 @@ class DatasetSpec:
     def numbers_of(self) -> str:
         """What a version's numbers depend on besides its rows: the key and the measure."""
         return f"{','.join(self.business_key)}|{self.core_measure}"
+
+    @property
+    def partition_key_column(self) -> str:
+        """The column readers filter a partition by: `partition_column`, else `_partition`."""
+        return self.partition_column or "_partition"
 
     @property
     def versions_table(self) -> str:
