@@ -51,6 +51,13 @@ class Dataset(models.Model):
     columns = models.JSONField(default=list, help_text='[{"name": ..., "type": ...}]')
     is_source = models.BooleanField(default=False)
     time_column = models.CharField(max_length=64, blank=True, default="", help_text="sources: the column cut by the data interval")
+    partition_column = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="a declared text column holding the partition key in every row, what readers filter on; "
+                  "empty: the bookkeeping column _partition",
+    )
+    indexes = models.JSONField(default=list, blank=True,
+                               help_text="indexes created on every version, each a list of column names")
     tolerances = models.JSONField(default=dict, blank=True)
     checks = models.JSONField(default=list, blank=True, help_text="custom SQL assertions: rows returned = failure")
     source_measure_sql = models.TextField(

@@ -11,4 +11,6 @@ def spec_for(dataset: Dataset) -> DatasetSpec:
         columns=tuple(ColumnSpec(name=c["name"], type=c["type"]) for c in dataset.columns),
         business_key=tuple(dataset.business_key),
         core_measure=dataset.core_measure or "",
+        partition_column=dataset.partition_column or "",
+        indexes=tuple(tuple(index) for index in dataset.indexes or ()),
     )

@@ -20,6 +20,7 @@ import yaml
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from backfill_portal.backends import DatasetSpec
 from backfill_portal.catalog.choices import COLUMN_TYPES, Grain
 from backfill_portal.catalog.kinds import validate_job_config
 from backfill_portal.catalog.models import CodeVersion, Dataset, Job, Pool, Team
@@ -115,6 +116,7 @@ def catalog_validate(doc: dict) -> dict:
         pools[name] = {"slots": slots, "reserved_for_production": reserved}
 
     datasets = {}
+    dataset_paths: dict[str, str] = {}  # a dataset's place in the file, for later messages
     for i, d in enumerate(v.items("datasets")):
         path = f"datasets[{i}]"
         name = str(d.get("name", ""))
@@ -123,6 +125,7 @@ def catalog_validate(doc: dict) -> dict:
             continue
         if name in datasets:
             v.err(f"{path}.name", f"dataset {name} is declared twice")
+        dataset_paths.setdefault(name, path)
         owner = d.get("owner")
         if not owner:
             v.err(f"{path}.owner", f"dataset {name} has no owner")
@@ -144,6 +147,7 @@ def catalog_validate(doc: dict) -> dict:
         if not isinstance(columns, list) or not columns:
             v.err(f"{path}.columns", f"dataset {name} declares no columns")
             columns = []
+        col_types: dict[str, str] = {}
         for j, c in enumerate(columns):
             if not isinstance(c, dict) or not IDENTIFIER.match(str(c.get("name", ""))):
                 v.err(f"{path}.columns[{j}]", "each column needs a valid name")
@@ -151,6 +155,7 @@ def catalog_validate(doc: dict) -> dict:
             if c.get("type") not in COLUMN_TYPES:
                 v.err(f"{path}.columns[{j}].type", f"{c.get('type')!r} is not one of {', '.join(COLUMN_TYPES)}")
             col_names.append(c["name"])
+            col_types[c["name"]] = c.get("type")
         key = d.get("business_key") or []
         if not isinstance(key, list) or not key:
             v.err(f"{path}.business_key", f"dataset {name} needs a business key (unique key columns)")
@@ -165,6 +170,8 @@ def catalog_validate(doc: dict) -> dict:
         time_column = d.get("time_column") or ""
         if is_source and time_column not in col_names:
             v.err(f"{path}.time_column", f"source {name} needs a time_column among its columns")
+        partition_column = _partition_column(v, path, d, col_types, is_source=is_source)
+        indexes = _indexes(v, path, d, col_names, is_source=is_source)
         checks = d.get("checks") or []
         for j, chk in enumerate(checks if isinstance(checks, list) else []):
             if not isinstance(chk, dict) or not chk.get("name") or not chk.get("sql"):
@@ -175,6 +182,7 @@ def catalog_validate(doc: dict) -> dict:
             "business_key": list(key), "core_measure": measure,
             "columns": [{"name": c["name"], "type": c.get("type")} for c in columns if isinstance(c, dict) and "name" in c],
             "is_source": is_source, "time_column": time_column,
+            "partition_column": partition_column, "indexes": indexes,
             "tolerances": dict(d.get("tolerances") or {}),
             "source_measure_sql": str(d.get("source_measure_sql") or ""),
             "checks": [
@@ -233,13 +241,25 @@ def catalog_validate(doc: dict) -> dict:
             "definition": definition, **limits,
         }
 
-    for i, (name, d) in enumerate(datasets.items()):
+    for name, d in datasets.items():
+        path = dataset_paths[name]
+        if not d["is_source"] and not any(p == path or p.startswith(f"{path}.") for p in v.errors):
+            # What the warehouse backends will be told (spec_for): refused here, with
+            # its path, rather than at a run's first staging.
+            try:
+                DatasetSpec(name=name, columns=tuple((c["name"], c["type"]) for c in d["columns"]),
+                            business_key=tuple(d["business_key"]), core_measure=d["core_measure"],
+                            partition_column=d["partition_column"], indexes=tuple(map(tuple, d["indexes"])))
+            except ValidationError as exc:
+                for field_name in exc.fields or {"name": [exc.message]}:
+                    target = "name" if field_name == "dataset" else field_name
+                    v.err(f"{path}.{target}", exc.message)
         producer = jobs.get(produced_by.get(name, ""))
         if d["source_measure_sql"] and producer:
             try:
                 check_template(d["source_measure_sql"], upstreams=set(producer["reads"]))
             except TemplateError as exc:
-                v.err(f"datasets[{i}].source_measure_sql", str(exc))
+                v.err(f"{path}.source_measure_sql", str(exc))
     if not v.errors:
         cycle = _find_cycle(jobs)
         if cycle:
@@ -249,6 +269,57 @@ def catalog_validate(doc: dict) -> dict:
         count = sum(len(m) for m in v.errors.values())
         raise CatalogError(f"the catalog has {count} problem(s); first: {first_path}: {first[0]}", fields=v.errors)
     return {"teams": teams, "pools": pools, "datasets": datasets, "jobs": jobs}
+
+
+def _partition_column(v: _Validator, path: str, d: dict, col_types: dict[str, str], *, is_source: bool) -> str:
+    """`partition_column`: a declared text column that holds the partition key in every
+    row (what readers filter a partition by); absent or empty: the bookkeeping `_partition`."""
+    name = d.get("partition_column") or ""
+    if not name:
+        return ""
+    if is_source:
+        v.err(f"{path}.partition_column", "a source is read as it is: it has no versions and no partition column")
+    elif not isinstance(name, str) or name not in col_types:
+        v.err(f"{path}.partition_column", f"{name!r} is not a declared column")
+    elif col_types[name] != "text":
+        v.err(f"{path}.partition_column",
+              f"{name!r} is declared {col_types[name]}; the partition column holds the partition key "
+              "('2022-10-01', '2022-10-01T03') and must be a text column")
+    else:
+        return name
+    return ""
+
+
+def _indexes(v: _Validator, path: str, d: dict, col_names: list[str], *, is_source: bool) -> list[list[str]]:
+    """`indexes`: a list of indexes, each a list of declared column names (or one name),
+    created on every version so that readers' usual filters are as fast as on a table
+    of their own."""
+    value = d.get("indexes")
+    if value in (None, []):
+        return []
+    if is_source:
+        v.err(f"{path}.indexes", "a source is read as it is: the warehouse keeps no versions of it to index")
+        return []
+    if not isinstance(value, list):
+        v.err(f"{path}.indexes", "must be a list of indexes, each a list of column names")
+        return []
+    out: list[list[str]] = []
+    for j, index in enumerate(value):
+        where = f"{path}.indexes[{j}]"
+        columns = [index] if isinstance(index, str) else index
+        if not isinstance(columns, list) or not columns or not all(isinstance(c, str) for c in columns):
+            v.err(where, "an index is a non-empty list of column names")
+            continue
+        unknown = [c for c in columns if c not in col_names]
+        if unknown:
+            v.err(where, f"{', '.join(repr(c) for c in unknown)} {'is not a declared column' if len(unknown) == 1 else 'are not declared columns'}")
+        elif len(set(columns)) != len(columns):
+            v.err(where, f"index {columns!r} names a column twice")
+        elif columns in out:
+            v.err(where, f"index {columns!r} is declared twice")
+        else:
+            out.append(list(columns))
+    return out
 
 
 def _find_cycle(jobs: dict) -> list[str] | None:
