@@ -52,6 +52,24 @@ def scratch_django(name: str) -> str:
     return label
 
 
+def scratch_warehouse(name: str) -> tuple[str, str]:
+    """A fresh, empty warehouse for benchmark `name`, as (url, label): a scratch
+    PostgreSQL database beside WAREHOUSE_URL's when that names PostgreSQL (dropped and
+    created, named as `scratch_db_name` names metadata ones), else a new SQLite file.
+    Benchmarks that need only the warehouse use it with `make_warehouse(url)`, no Django."""
+    base = os.environ.get("WAREHOUSE_URL", "")
+    if base.startswith("postgres"):
+        import psycopg
+
+        db = scratch_db_name(name, base)
+        with psycopg.connect(base.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{db}"')
+        return base.rsplit("/", 1)[0] + "/" + db, "PostgreSQL"
+    tmp = tempfile.mkdtemp(prefix=f"bench_{name}_")
+    return f"sqlite:///{tmp}/warehouse.sqlite3", "SQLite"
+
+
 def alternately(first: Callable[[], object], second: Callable[[], object], n: int) -> tuple[list[float], list[float]]:
     """Time `first` and `second` n times each, interleaved, so machine load hits both
     alike. Returns their durations in seconds."""

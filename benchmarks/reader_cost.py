@@ -1,0 +1,172 @@
+"""What readers pay for the portal's safety (issue #15): the same queries on a published
+dataset and on a plain table holding exactly its rows, with the same indexes, in one
+run, alternated.
+
+The dataset `orders_read` (PARTITIONS daily partitions of ROWS_PER_PARTITION orders;
+partition column `ds`; indexes declared on `order_id`, `created_at` and `ship_date`)
+has 3 retained versions per partition, what two backfills leave behind for rollback:
+every partition is staged, verified by its marker and published three times through
+the backend interface, the third version current. The plain table `orders_plain` is
+created from what the dataset shows readers, with the declared indexes and one on the
+partition column (as any table rewritten partition by partition has), and both are
+analysed. Five query shapes:
+
+    aggregate      the whole dataset, grouped by status
+    time_day       one business day by a time column (created_at in [day, day + 1))
+    business_key   one order by its business key
+    business_date  a business-date column a plain table would index (ship_date = day)
+    partition      the partition column (ds = day)
+
+Each shape runs REPEAT times on each side, the order swapped every time, a different
+day or order each time (the same for both sides); the figure per shape is the ratio of
+the medians, and the worst of the five is printed last. Before timing, every shape's
+answer is checked to be the same on both sides. Target: ratio <= 1.1 on PostgreSQL and
+on SQLite.
+
+The published side uses only the backend interface (ensure_dataset, stage_select,
+marker, publish, query). The plain twin is built with a SQL backend's plain statements
+(`execute`), as backfill_overhead.py builds its direct table. Runs against a scratch
+warehouse: a PostgreSQL database beside WAREHOUSE_URL's when that names PostgreSQL
+(`WAREHOUSE_URL=postgresql://... python benchmarks/reader_cost.py`), else a temporary
+SQLite file. No metadata database is needed.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from datetime import date, datetime, timedelta, timezone
+
+from _setup import scratch_warehouse
+
+from backfill_portal.backends import DatasetSpec, make_warehouse
+
+PARTITIONS = int(os.environ.get("PARTITIONS", "30"))
+ROWS = int(os.environ.get("ROWS_PER_PARTITION", "10000"))
+REPEAT = int(os.environ.get("REPEAT", "15"))
+VERSIONS = 3
+FIRST_DAY = date(2022, 10, 1)
+DAYS = [FIRST_DAY + timedelta(days=i) for i in range(PARTITIONS)]
+
+SPEC = DatasetSpec(
+    name="orders_read",
+    columns=(("order_id", "text"), ("customer_id", "text"), ("ds", "text"), ("ship_date", "date"),
+             ("created_at", "timestamp"), ("status", "text"), ("amount", "numeric")),
+    business_key=("order_id",),
+    core_measure="amount",
+    partition_column="ds",
+    indexes=(("order_id",), ("created_at",), ("ship_date",)),
+)
+PLAIN = "orders_plain"
+COLUMNS = ", ".join(f'"{name}"' for name in SPEC.column_names)
+
+url, label = scratch_warehouse("reader_cost")
+warehouse = make_warehouse(url)
+warehouse.ensure_meta()
+warehouse.ensure_dataset(SPEC)
+
+
+def rows_sql(dialect: str) -> str:
+    """ROWS orders of one day, a version number shifting their amounts; parameters:
+    day (text), version (number). ship_date falls 0-6 days after the order."""
+    if dialect == "postgresql":
+        return f"""
+            SELECT CAST(? AS TEXT) || '-' || g AS order_id,
+                   'c' || ((g * 7919) % 50000) AS customer_id,
+                   CAST(? AS TEXT) AS ds,
+                   CAST(? AS DATE) + (g % 7) AS ship_date,
+                   CAST(? AS TIMESTAMPTZ) + g * (INTERVAL '1 second' * {86400 / ROWS:.6f}) AS created_at,
+                   (ARRAY['created', 'paid', 'shipped', 'refunded'])[1 + g % 4] AS status,
+                   ROUND(CAST((g % 1000) / 10.0 + ? AS NUMERIC), 2) AS amount
+            FROM generate_series(1, {ROWS}) AS g"""
+    return f"""
+        WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {ROWS})
+        SELECT CAST(? AS TEXT) || '-' || i AS order_id,
+               'c' || ((i * 7919) % 50000) AS customer_id,
+               CAST(? AS TEXT) AS ds,
+               date(?, '+' || (i % 7) || ' days') AS ship_date,
+               strftime('%Y-%m-%d %H:%M:%S', ?, '+' || (i * 86400 / {ROWS}) || ' seconds') AS created_at,
+               CASE i % 4 WHEN 0 THEN 'created' WHEN 1 THEN 'paid' WHEN 2 THEN 'shipped' ELSE 'refunded' END AS status,
+               ROUND((i % 1000) / 10.0 + ?, 2) AS amount
+        FROM g"""
+
+
+def day_start(day: date) -> datetime:
+    return datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+
+
+def date_param(day: date):
+    """A date as this engine's parameter: SQLite keeps dates as ISO text."""
+    return day if warehouse.dialect == "postgresql" else day.isoformat()
+
+
+def build() -> None:
+    """Three versions per partition, each published over the one before."""
+    select = rows_sql(warehouse.dialect)
+    for version in range(1, VERSIONS + 1):
+        for day in DAYS:
+            key = day.isoformat()
+            run_id = f"read-{key}-v{version}"
+            start = key if warehouse.dialect == "postgresql" else warehouse.ts(day_start(day))
+            warehouse.stage_select(spec=SPEC, run_id=run_id, attempt_no=1, partition=key, select_sql=select,
+                                   params=(key, key, key, start, version / 100))
+            expected = f"read-{key}-v{version - 1}" if version > 1 else None
+            warehouse.publish(spec_or_name=SPEC, partition=key, run_id=run_id, expected_run_id=expected,
+                              actor="benchmark")
+    warehouse.execute(f'CREATE TABLE "{PLAIN}" AS SELECT {COLUMNS} FROM "{SPEC.name}"')
+    for index in (*SPEC.indexes, (SPEC.partition_key_column,)):
+        warehouse.execute(f'CREATE INDEX "{PLAIN}_{"_".join(index)}" ON "{PLAIN}" ({", ".join(index)})')
+    warehouse.execute("VACUUM ANALYZE" if warehouse.dialect == "postgresql" else "ANALYZE")
+
+
+t0 = time.perf_counter()
+build()
+staged = warehouse.query(f'SELECT COUNT(*) FROM "{PLAIN}"')[0][0]
+print(f"{label} warehouse: {PARTITIONS} partitions x {ROWS} rows, {VERSIONS} versions each "
+      f"({PARTITIONS * ROWS * VERSIONS} rows staged, {staged} published) built in {time.perf_counter() - t0:.1f}s")
+
+SHAPES = {
+    "aggregate": ("SELECT status, COUNT(*), SUM(amount) FROM {t} GROUP BY status ORDER BY status",
+                  lambda i: ()),
+    "time_day": ("SELECT COUNT(*), SUM(amount) FROM {t} WHERE created_at >= ? AND created_at < ?",
+                 lambda i: (warehouse.ts(day_start(DAYS[i % PARTITIONS]) + timedelta(hours=12)),
+                            warehouse.ts(day_start(DAYS[i % PARTITIONS]) + timedelta(hours=36)))),
+    "business_key": ("SELECT order_id, customer_id, status, amount FROM {t} WHERE order_id = ?",
+                     lambda i: (f"{DAYS[(i * 7) % PARTITIONS].isoformat()}-{1 + (i * 4099) % ROWS}",)),
+    "business_date": ("SELECT COUNT(*), SUM(amount) FROM {t} WHERE ship_date = ?",
+                      lambda i: (date_param(DAYS[(i * 11) % PARTITIONS]),)),
+    "partition": ("SELECT COUNT(*), SUM(amount) FROM {t} WHERE ds = ?",
+                  lambda i: (DAYS[(i * 13) % PARTITIONS].isoformat(),)),
+}
+
+
+def run(statement: str, params: tuple) -> tuple[float, list]:
+    t = time.perf_counter()
+    rows = warehouse.query(statement, params)
+    return time.perf_counter() - t, rows
+
+
+def normalised(rows: list) -> list:
+    """Answers compared across engines' number types: sums rounded to the cent."""
+    return [tuple(round(float(v), 2) if isinstance(v, (float, int)) or type(v).__name__ == "Decimal" else v
+                  for v in row) for row in rows]
+
+
+ratios = {}
+for shape, (template, params_of) in SHAPES.items():
+    published, plain = template.format(t=f'"{SPEC.name}"'), template.format(t=f'"{PLAIN}"')
+    for i in range(3):  # warm both, and prove they answer alike
+        a, b = run(published, params_of(i))[1], run(plain, params_of(i))[1]
+        assert normalised(a) == normalised(b), (shape, a, b)
+    times = {"published": [], "plain": []}
+    for i in range(REPEAT):
+        order = ("published", "plain") if i % 2 == 0 else ("plain", "published")
+        for side in order:
+            times[side].append(run(published if side == "published" else plain, params_of(i))[0])
+    p, q = statistics.median(times["published"]), statistics.median(times["plain"])
+    ratios[shape] = p / q
+    print(f"{shape:14s} published {p * 1000:8.2f} ms   plain table {q * 1000:8.2f} ms   ratio {p / q:5.2f}")
+
+worst = max(ratios, key=ratios.get)
+print(f"ratio: {ratios[worst]:.2f} (worst of {len(ratios)} query shapes, {worst}: published dataset over a plain "
+      f"table of the same rows and indexes, {label}, {VERSIONS} versions per partition, medians of {REPEAT})")
