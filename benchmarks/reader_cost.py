@@ -72,7 +72,7 @@ def rows_sql(dialect: str) -> str:
     if dialect == "postgresql":
         return f"""
             SELECT CAST(? AS TEXT) || '-' || g AS order_id,
-                   'c' || ((g * 7919) % 50000) AS customer_id,
+                   'c' || ((CAST(g AS BIGINT) * 7919) % 50000) AS customer_id,
                    CAST(? AS TEXT) AS ds,
                    CAST(? AS DATE) + (g % 7) AS ship_date,
                    CAST(? AS TIMESTAMPTZ) + g * (INTERVAL '1 second' * {86400 / ROWS:.6f}) AS created_at,

@@ -117,7 +117,7 @@ def load_source() -> None:
         warehouse.execute('CREATE TABLE "bench_events" (event_id text, customer_id text, amount numeric, '
                           "event_time timestamptz)")
         warehouse.execute(f"""INSERT INTO "bench_events"
-            SELECT 'e' || g, 'c' || ((g * 7919) % 50000), ROUND(CAST((g % 1000) / 10.0 AS NUMERIC), 2),
+            SELECT 'e' || g, 'c' || ((CAST(g AS BIGINT) * 7919) % 50000), ROUND(CAST((g % 1000) / 10.0 AS NUMERIC), 2),
                    TIMESTAMPTZ '{DAY} 00:00:00+00' + g * (INTERVAL '1 second' * {86400 / ROWS:.6f})
             FROM generate_series(0, {ROWS - 1}) AS g""")
         warehouse.execute('CREATE INDEX "bench_events_time" ON "bench_events" (event_time)')

@@ -7,7 +7,7 @@ from __future__ import annotations
 import abc
 import inspect
 
-from backfill_portal.backends import WarehouseBackend, make_warehouse, register_backend
+from backfill_portal.backends import WarehouseBackend, backend_class, register_backend
 
 PREFIX = "interface-only:"
 #: The interface's methods: what a caller may call on any backend.
@@ -34,9 +34,9 @@ def delegating(cls):
 @register_backend("interface-only")
 @delegating
 class InterfaceOnlyWarehouse(WarehouseBackend):
-    def __init__(self, url: str, *, lock_timeout_seconds: int = 0, idle_in_transaction_timeout_seconds: int = 0):
-        super().__init__(url, lock_timeout_seconds=lock_timeout_seconds,
-                         idle_in_transaction_timeout_seconds=idle_in_transaction_timeout_seconds)
-        self.inner = make_warehouse(url.removeprefix(PREFIX), lock_timeout_seconds=lock_timeout_seconds,
-                                    idle_in_transaction_timeout_seconds=idle_in_transaction_timeout_seconds)
+    def __init__(self, url: str, **options):
+        """`options` (the timeouts `get_warehouse` passes) go to the wrapped backend too."""
+        super().__init__(url, **options)
+        inner_url = url.removeprefix(PREFIX)
+        self.inner = backend_class(inner_url)(inner_url, **options)
         self.dialect = self.inner.dialect

@@ -312,7 +312,8 @@ def _indexes(v: _Validator, path: str, d: dict, col_names: list[str], *, is_sour
             continue
         unknown = [c for c in columns if c not in col_names]
         if unknown:
-            v.err(where, f"{', '.join(repr(c) for c in unknown)} {'is not a declared column' if len(unknown) == 1 else 'are not declared columns'}")
+            verb = "is not a declared column" if len(unknown) == 1 else "are not declared columns"
+            v.err(where, f"{', '.join(repr(c) for c in unknown)} {verb}")
         elif len(set(columns)) != len(columns):
             v.err(where, f"index {columns!r} names a column twice")
         elif columns in out:
