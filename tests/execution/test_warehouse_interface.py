@@ -39,7 +39,7 @@ def warehouse_members(path: Path) -> set[tuple[int, str]]:
 def test_executors_and_checks_name_only_members_of_the_interface():
     offenders = []
     for folder in CALLERS:
-        for path in sorted((ROOT / folder).glob("*.py")):
+        for path in sorted((ROOT / folder).rglob("*.py")):
             for line, member in sorted(warehouse_members(path)):
                 if member not in INTERFACE and member not in ATTRIBUTES:
                     offenders.append(f"{path.relative_to(ROOT)}:{line}: warehouse.{member}")
