@@ -228,16 +228,81 @@ def test_live_partial_stops_polling_for_every_final_state(web, make_request, sta
     assert web("alice").get(reverse("request-live", args=[req.pk])).status_code == 286
 
 
-def test_live_partial_answers_204_when_nothing_changed_and_says_when_the_status_did(web, make_request):
+def keys_of(html: str) -> str:
+    return html.split('id="req-poll"')[1].split("v=")[1].split('"')[0]
+
+
+def test_live_update_is_204_until_something_changes_then_sends_only_the_changed_sections(web, make_request):
     req = make_request("pending")
     client = web("alice")
     url = reverse("request-live", args=[req.pk])
-    first = client.get(url, {"since": "pending_approval"}).content.decode()
-    fingerprint = first.split("v=")[1].split('"')[0]
-    assert client.get(url, {"since": "pending_approval", "v": fingerprint}).status_code == 204
-    web("olivia").post(action(req, "approve"))
-    changed = client.get(url, {"since": "pending_approval", "v": fingerprint})
-    assert changed.status_code == 200 and "The request is now <strong>approved</strong>" in changed.content.decode()
+    keys = keys_of(client.get(detail(req)).content.decode())
+    assert client.get(url, {"v": keys}).status_code == 204
+    web("olivia").post(action(req, "approve"), {"comment": "checked"})
+    changed = client.get(url, {"v": keys})
+    assert changed.status_code == 200
+    html = changed.content.decode()
+    # The header, the approvals and the actions follow the decision, swapped in place.
+    assert '<div class="page-head" id="req-head" hx-swap-oob="true">' in html
+    assert html.split('id="req-head"')[1].split("</h1>")[0].count('pill-approved">approved') == 1
+    steps = html.split('id="req-steps"')[1].split("</section>")[0]
+    assert "pill-approved" in steps and "olivia" in steps and "checked" in steps
+    assert 'id="req-actions"' in html
+    assert 'id="req-runs"' not in html  # no run yet: that section did not change
+    assert "Reload" not in html
+    assert client.get(url, {"v": keys_of(html)}).status_code == 204
+
+
+def test_runs_appear_live_with_the_error_where_a_run_failed(web, make_request):
+    req = make_request("running")
+    client = web("alice")
+    url = reverse("request-live", args=[req.pk])
+    keys = keys_of(client.get(detail(req)).content.decode())
+    dispatch_request(request_id=req.pk)
+    html = client.get(url, {"v": keys}).content.decode()
+    runs = html.split('id="req-runs"')[1].split("</section>")[0]
+    for run in Run.objects.filter(request=req):
+        assert f'href="/runs/{run.run_id}/"' in runs
+    assert 'id="req-steps"' not in html and 'id="req-head"' not in html  # neither changed
+    run = Run.objects.filter(request=req).order_by("id").first()
+    Run.objects.filter(pk=run.pk).update(error="the version has no rows", status="failed")
+    html = client.get(url, {"v": keys_of(html)}).content.decode()
+    row = html.split(f'data-run="{run.run_id}"')[1].split("</tr>")[0]
+    assert "pill-failed" in row and "the version has no rows" in row
+
+
+def test_a_malformed_key_parameter_gets_every_section(web, make_request):
+    req = make_request("pending")
+    html = web("alice").get(reverse("request-live", args=[req.pk]), {"v": "x.y<script>"}).content.decode()
+    for section in ("req-head", "req-about", "req-actions", "live", "req-impact", "req-related", "req-steps",
+                    "req-runs"):
+        assert f'id="{section}"' in html, section
+    assert "<script>" not in html
+
+
+def test_retry_says_it_reruns_the_frozen_code_and_offers_a_new_request_with_the_current_code(web, make_request):
+    from backfill_portal.backfills.transitions import interval_transition
+    from backfill_portal.catalog.models import CodeVersion, Job
+
+    req = make_request("running")
+    dispatch_request(request_id=req.pk)
+    interval_transition(Interval.objects.get(request=req, position=0), to=IntervalStatus.FAILED, reason="test")
+    client = web("alice")
+    html = client.get(detail(req)).content.decode()
+    note = html.split('data-testid="retry-note">')[1].split("</p>")[0]
+    assert "code version frozen at submission" in note and req.code_version.short_hash in note
+    assert "changed since" not in note
+    assert ("file a new request with the current code" in note
+            and "/requests/new/?job=dwd_order_items&amp;start=2022-10-01&amp;end=2022-10-31&amp;cascade=none" in note)
+    job = Job.objects.get(name="dwd_order_items")
+    newer = CodeVersion.objects.create(job=job, hash="f" * 64, definition=req.code_version.definition)
+    Job.objects.filter(pk=job.pk).update(current_code_version=newer)
+    note = client.get(detail(req)).content.decode().split('data-testid="retry-note">')[1].split("</p>")[0]
+    assert "which has changed since" in note
+    form = client.get("/requests/new/?job=dwd_order_items&start=2022-10-01&end=2022-10-31&cascade=none")
+    page = form.content.decode()
+    assert 'value="2022-10-01"' in page and 'value="2022-10-31"' in page
+    assert 'data-testid="interval-count">31</strong>' in page  # the prefilled form previews the same plan
 
 
 def test_more_than_2000_intervals_show_one_cell_per_local_day(web, make_request):

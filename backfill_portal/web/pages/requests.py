@@ -4,6 +4,7 @@ services decide."""
 from __future__ import annotations
 
 import uuid
+import zlib
 from dataclasses import dataclass
 from html import escape as html_escape
 
@@ -168,7 +169,7 @@ def _fingerprint(req: BackfillRequest, progress: dict, outage) -> str:
                      *(str(counts.get(s) or 0) for s in INTERVAL_STATES)])
 
 
-def _live_context(req: BackfillRequest, *, page_status: str, with_grid: bool = True) -> dict:
+def _live_context(req: BackfillRequest, *, with_grid: bool = True) -> dict:
     if with_grid and req.interval_count > GRID_MAX_CELLS:
         # The target's own intervals are already too many for one cell each (cascaded
         # ones only add to them): one GROUP BY (cell, status) feeds both the grid and the
@@ -182,8 +183,7 @@ def _live_context(req: BackfillRequest, *, page_status: str, with_grid: bool = T
     outage = warehouse_outage_current() if req.status == RequestStatus.RUNNING else None
     return {
         "req": req, "progress": progress, "grid": grid, "outage": outage,
-        "polling": req.status not in LIVE_FINAL, "page_status": page_status,
-        "status_changed": page_status != req.status, "fingerprint": _fingerprint(req, progress, outage),
+        "polling": req.status not in LIVE_FINAL, "fingerprint": _fingerprint(req, progress, outage),
     }
 
 
@@ -200,6 +200,82 @@ def _latest_runs(req: BackfillRequest) -> list[Run]:
     return list(Run.objects.filter(request=req).select_related("job")
                 .annotate(n_attempts=Coalesce(Subquery(attempts, output_field=IntegerField()), 0))
                 .order_by("-created_at", "-id")[:RUNS_SHOWN])
+
+
+# --- The page's live sections -----------------------------------------------------------
+
+# Every section of the request page follows the request: the page polls one URL, which
+# answers 204 when no section changed, else the changed sections (swapped out of band
+# by id) and the poller carrying their new keys; 286 once the request is final. A
+# section is keyed by the data it shows, so a form someone is typing into (a cancel
+# reason) is only replaced when what it offers changes.
+LIVE_SECTIONS = ("head", "about", "actions", "live", "impact", "related", "steps", "runs")
+
+
+def _section_keys(ctx: dict) -> dict[str, str]:
+    req = ctx["req"]
+    state = f"{req.status}.{int(req.paused)}"
+    raw = {
+        "head": state,
+        "about": f"{req.status}.{req.code_version_id}",
+        "actions": f"{state}.{','.join(sorted(ctx['actions']))}.{ctx['retry_note']}",
+        "live": ctx["fingerprint"],
+        "impact": req.status,
+        "related": req.status,
+        "steps": ";".join(f"{s.pk}:{s.status}:{s.decided_by_id}" for s in ctx["steps"]),
+        "runs": ";".join(f"{r.pk}:{r.status}:{r.n_attempts}" for r in ctx["runs"]),
+    }
+    return {name: format(zlib.crc32(raw[name].encode()), "08x") for name in LIVE_SECTIONS}
+
+
+def _keys_param(keys: dict[str, str]) -> str:
+    return ".".join(keys[name] for name in LIVE_SECTIONS)
+
+
+def _keys_from_param(value: str) -> dict[str, str]:
+    """The client's keys; a malformed value counts as a page that has none."""
+    parts = (value or "").split(".")
+    return dict(zip(LIVE_SECTIONS, parts)) if len(parts) == len(LIVE_SECTIONS) else {}
+
+
+def _retry_note(req: BackfillRequest) -> str:
+    """What "Retry failed intervals" will run: the code frozen at submission, even when
+    the job's code has changed since (invariant 7); "changed" then offers a new request."""
+    frozen = req.code_version_id
+    if not frozen:
+        return ""
+    return "same" if req.job.current_code_version_id == frozen else "changed"
+
+
+def _about_context(req: BackfillRequest) -> dict:
+    return {
+        "side_effects": list(req.side_effects.order_by("name").values_list("name", flat=True)),
+        "stale_shown": {name: s for name, s in (req.stale or {}).items() if s.get("included") or s.get("excluded")},
+    }
+
+
+def _action_forms() -> dict:
+    return {"decision_form": DecisionForm(), "cancel_form": ReasonForm(), "rollback_form": RequestRollbackForm()}
+
+
+def _page_context(request, req: BackfillRequest, *, with_grid: bool = True) -> dict:
+    """What the page and its live sections show (the grid only if asked)."""
+    live = _live_context(req, with_grid=with_grid)
+    steps = _steps(req)
+    ctx = {
+        **live,
+        "steps": steps,
+        "runs": _latest_runs(req),
+        "runs_shown": RUNS_SHOWN,
+        # Which actions to offer: backfills.policy, which the services ask too.
+        "actions": request_actions(request.user, req, steps, failed=live["progress"]["counts"].get("failed", 0)),
+        "retry_note": _retry_note(req),
+        "show_reconciliation": req.status in RECON_SHOWN_STATES,
+        "rollback_impact": rollback_state(request_id=req.pk)["impact"] if req.status == RequestStatus.ROLLED_BACK
+        else [],
+    }
+    ctx["keys"] = _keys_param(_section_keys(ctx))
+    return ctx
 
 
 # --- Pages ------------------------------------------------------------------------------
@@ -242,7 +318,10 @@ def request_new(request):
     (its field errors land on the form's fields). 3. Optionally submit it; an overlap
     asks for confirmation, the draft already saved is reused via the idempotency key."""
     if request.method == "GET":
-        form = RequestForm(initial={"job": request.GET.get("job", "")})
+        # ?job=&start=&end=&cascade= prefill the form (a frozen request's "file a new
+        # request with the current code"); the POST validates them like anything typed.
+        form = RequestForm(initial={key: request.GET.get(key, "")[:64] for key in ("job", "start", "end", "cascade")
+                                    if request.GET.get(key)})
         return _render_new(request, form)
 
     form = RequestForm(request.POST)
@@ -305,10 +384,11 @@ def _render_new(request, form: RequestForm) -> HttpResponse:
     job = form.selected_job()
     preview = None
     if form.is_bound or job is not None:
-        preview = _preview_context(request.user, job=job, start=form.data.get("start", ""),
-                                   end=form.data.get("end", ""),
+        values = form.data if form.is_bound else form.initial
+        preview = _preview_context(request.user, job=job, start=values.get("start", ""),
+                                   end=values.get("end", ""),
                                    effects=form.data.getlist("side_effects") if form.is_bound else [],
-                                   cascade=form.data.get("cascade", Cascade.NONE),
+                                   cascade=values.get("cascade", Cascade.NONE),
                                    exclude=form.data.getlist(STALE_FIELD) if form.is_bound else [])
     return render_page(request, "backfills/request_new.html", {"form": form, "preview": preview})
 
@@ -395,39 +475,33 @@ def _step_previews(plan: list, count: int) -> list[StepPreview]:
 @application_errors
 def request_detail(request, pk: int, *, status: int = 200, show_confirm_overlap: bool = False):
     req = request_get(pk)
-    live = _live_context(req, page_status=req.status)
-    steps = _steps(req)
     return render_page(request, "backfills/request_detail.html", {
-        **live,
-        "steps": steps,
-        "runs": _latest_runs(req),
-        "runs_shown": RUNS_SHOWN,
-        "side_effects": list(req.side_effects.order_by("name").values_list("name", flat=True)),
-        # Which actions to offer: backfills.policy, which the services ask too.
-        "actions": request_actions(request.user, req, steps, failed=live["progress"]["counts"].get("failed", 0)),
-        "decision_form": DecisionForm(), "cancel_form": ReasonForm(), "rollback_form": RequestRollbackForm(),
+        **_page_context(request, req), **_about_context(req), **_action_forms(),
         "show_confirm_overlap": show_confirm_overlap,
-        "show_reconciliation": req.status in RECON_SHOWN_STATES,
-        "stale_shown": {name: s for name, s in (req.stale or {}).items() if s.get("included") or s.get("excluded")},
-        "rollback_impact": rollback_state(request_id=req.pk)["impact"] if req.status == RequestStatus.ROLLED_BACK
-        else [],
     }, status=status)
 
 
 @login_required
 @application_errors
 def request_live(request, pk: int):
-    """The polled fragment. 204 when nothing changed since the client's copy (no swap,
-    no grid query); 286 once the request is final, which stops htmx polling."""
+    """The polled update of every section (see LIVE_SECTIONS): 204 when none changed
+    since the client's keys (`v`), no grid query; else the changed sections; 286 once
+    the request is final, which stops htmx polling."""
     req = request_get(pk)
-    page_status = request.GET.get("since") or req.status
-    if page_status not in RequestStatus.values:
-        page_status = req.status
-    ctx = _live_context(req, page_status=page_status, with_grid=False)
-    if ctx["polling"] and request.GET.get("v") == ctx["fingerprint"]:
+    ctx = _page_context(request, req, with_grid=False)
+    theirs = _keys_from_param(request.GET.get("v", ""))
+    ours = _section_keys(ctx)
+    changed = [name for name in LIVE_SECTIONS if theirs.get(name) != ours[name]]
+    if ctx["polling"] and not changed:
         return HttpResponse(status=204)
-    ctx["grid"] = _grid(req, ctx["progress"]["total"])
-    html = render(request, "backfills/partials/_request_live.html", ctx).content
+    if "live" in changed:
+        ctx["grid"] = _grid(req, ctx["progress"]["total"])
+    if "about" in changed:
+        ctx.update(_about_context(req))
+    if "actions" in changed:
+        ctx.update(_action_forms())
+    ctx["changed"] = [f"backfills/partials/_request_{name}.html" for name in changed]
+    html = render(request, "backfills/partials/_request_update.html", ctx).content
     if not ctx["polling"]:
         return HttpResponseStopPolling(html)
     return HttpResponse(html)
