@@ -526,16 +526,28 @@ if VERSION_RETENTION_DAYS < 1:
 BACKFILL_MAX_INTERVALS = env_int("BACKFILL_MAX_INTERVALS", 30000)
 # Requests with more intervals than this also need an admin's approval.
 BACKFILL_ADMIN_APPROVAL_OVER = env_int("BACKFILL_ADMIN_APPROVAL_OVER", 400)
+# An active run with no sign of life (sent, started, a heartbeat) for this long is listed
+# as stuck on the runs list and the on-call home; the sweeper repairs a lost message or a
+# dead attempt well within it, so what is still silent after it needs a person.
+RUN_STUCK_AFTER_SECONDS = env_int("RUN_STUCK_AFTER_SECONDS", 900)
+if RUN_STUCK_AFTER_SECONDS < 1:
+    raise ImproperlyConfigured(f"RUN_STUCK_AFTER_SECONDS={RUN_STUCK_AFTER_SECONDS} must be at least 1")
 # How long downstream owners have to answer a hand-off.
 HANDOFF_WINDOW_HOURS = env_int("HANDOFF_WINDOW_HOURS", 72)
 
+# Each run's own log lines, one file per run_id, read by its run page (core/logging.py
+# RunLogHandler). Empty: not kept. Workers on several machines need it on a shared disk.
+RUN_LOG_DIR = env_str("RUN_LOG_DIR", str(BASE_DIR / "var" / "log" / "runs"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
         "structured": {"()": "backfill_portal.core.logging.StructuredFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "structured"},
+        "runs": {"()": "backfill_portal.core.logging.RunLogHandler"},
+    },
+    "root": {"handlers": ["console", "runs"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

@@ -33,6 +33,7 @@ urlpatterns = [
     path("approvals/", approvals.approvals, name="approvals"),
     path("approvals/steps/<int:pk>/decide/", approvals.approval_step_decide_view, name="approval-step-decide"),
     path("approvals/handoffs/<int:pk>/decide/", approvals.handoff_decide_view, name="handoff-decide"),
+    path("runs/", runs.run_list, name="run-list"),
     path("runs/<str:run_id>/", runs.run_detail, name="run-detail"),
     path("outbox/", runs.outbox, name="outbox"),
     path("catalog/", catalog.catalog, name="catalog"),

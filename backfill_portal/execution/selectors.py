@@ -1,10 +1,20 @@
 """Reads of runs that services and pages share."""
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from backfill_portal.execution.choices import RunType
-from backfill_portal.execution.models import Run
+from django.conf import settings
+from django.db.models import DateTimeField, Exists, F, Max, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from backfill_portal.backends import get_warehouse
+from backfill_portal.core.models import AuditEvent
+from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
+from backfill_portal.execution.executors.base import ExecutionError, pins_recorded, render
+from backfill_portal.execution.models import Attempt, CheckResult, Run
+from backfill_portal.execution.transitions import RUN_ACTIVE
 
 
 def run_list() -> QuerySet[Run]:
@@ -25,3 +35,147 @@ def verification_original(verification: Run) -> Run | None:
     return (Run.objects.select_related("job__dataset", "request", "interval")
             .filter(interval_id=verification.interval_id, run_type=RunType.BACKFILL, pk__lt=verification.pk)
             .order_by("-pk").first())
+
+
+# --- The runs list: failing and stuck first -------------------------------------------------
+
+FAILING = (RunStatus.FAILED, RunStatus.VERIFICATION_FAILED)
+
+
+def run_last_alive() -> Greatest:
+    """When an active run last showed life: sent to a worker, started, beating (an
+    attempt's heartbeat or its verifier's), or the time its backoff lets it retry (in
+    the future while it waits, so a waiting run is never stuck)."""
+    beat = (Attempt.objects.filter(run=OuterRef("pk")).order_by().values("run")
+            .annotate(last=Max("heartbeat_at")).values("last"))
+    created = F("created_at")
+    return Greatest(
+        created, Coalesce("enqueued_at", created), Coalesce("started_at", created),
+        Coalesce("verify_heartbeat_at", created), Coalesce("retry_at", created),
+        Coalesce(Subquery(beat, output_field=DateTimeField()), created),
+    )
+
+
+def runs_stuck(qs: QuerySet[Run], *, now: datetime | None = None) -> QuerySet[Run]:
+    """Active runs with no sign of life for RUN_STUCK_AFTER_SECONDS: the sweeper
+    re-sends a lost message and expires a dead attempt well within that, so a run still
+    silent after it needs a person."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.RUN_STUCK_AFTER_SECONDS)
+    return qs.filter(status__in=RUN_ACTIVE).alias(alive=run_last_alive()).filter(alive__lt=cutoff)
+
+
+def runs_failing(qs: QuerySet[Run]) -> QuerySet[Run]:
+    """Failed or verification-failed runs whose partition no later run of the same job
+    has published since (the failure still stands)."""
+    fixed = Run.objects.filter(job_id=OuterRef("job_id"), partition_key=OuterRef("partition_key"),
+                               pk__gt=OuterRef("pk"), status=RunStatus.PUBLISHED)
+    return qs.filter(status__in=FAILING).filter(~Exists(fixed))
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    """The runs list's filters; empty values filter nothing. `state` is a run status, or
+    "failing" / "stuck" (see runs_failing / runs_stuck)."""
+
+    state: str = ""
+    job: str = ""
+    dataset: str = ""
+    run_type: str = ""
+    request: int | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def run_rows(filters: RunFilters) -> QuerySet[Run]:
+    """Runs matching the filters (created in [since, until)), with what the list shows."""
+    qs = Run.objects.select_related("job__dataset", "request")
+    if filters.job:
+        qs = qs.filter(job__name=filters.job)
+    if filters.dataset:
+        qs = qs.filter(job__dataset__name=filters.dataset)
+    if filters.run_type:
+        qs = qs.filter(run_type=filters.run_type)
+    if filters.request is not None:
+        qs = qs.filter(request_id=filters.request)
+    if filters.since is not None:
+        qs = qs.filter(created_at__gte=filters.since)
+    if filters.until is not None:
+        qs = qs.filter(created_at__lt=filters.until)
+    if filters.state == "failing":
+        qs = runs_failing(qs)
+    elif filters.state == "stuck":
+        qs = runs_stuck(qs)
+    elif filters.state:
+        qs = qs.filter(status=filters.state)
+    return qs
+
+
+# --- The run page ---------------------------------------------------------------------------
+
+# What a run's state means as a phase of its work (the run page's time per phase).
+PHASE_OF = {
+    RunStatus.QUEUED: "queued", RunStatus.RUNNING: "staging", RunStatus.STAGED: "verifying",
+    RunStatus.VERIFYING: "verifying", RunStatus.VERIFIED: "publishing", RunStatus.FAILED: "failed, waiting for a retry",
+}
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    started: datetime
+    ended: datetime | None  # None: still in it
+    seconds: float
+
+
+def run_phases(run: Run, *, now: datetime | None = None) -> list[Phase]:
+    """Time per phase (queued, staging, verifying, publishing), from the run's audited
+    transitions: each state lasts until the next transition. Consecutive states of one
+    phase (staged, verifying) merge; a retried run shows each pass."""
+    events = list(AuditEvent.objects.filter(object_type="run", object_id=str(run.pk))
+                  .order_by("id").values_list("at", "to_state"))
+    now = now or timezone.now()
+    marks = [(run.created_at, RunStatus.QUEUED)] + [(at, state) for at, state in events if state]
+    phases: list[Phase] = []
+    for (start, state), nxt in zip(marks, [*marks[1:], None]):
+        name = PHASE_OF.get(state)
+        if name is None:  # a final state: the run's work ended here
+            break
+        end = nxt[0] if nxt else None
+        if phases and phases[-1].name == name and phases[-1].ended == start:
+            first = phases.pop()
+            start = first.started
+        phases.append(Phase(name, start, end, max(0.0, ((end or now) - start).total_seconds())))
+    return phases
+
+
+def run_rendered_sql(run: Run) -> tuple[str | None, str]:
+    """(the SELECT this run staged, rendered against the inputs it pinned, a note). No
+    SQL for a kind whose definition has no template; none before the run pinned its
+    inputs (it renders against exactly those, at its start)."""
+    definition = run.code_version.definition or {}
+    template = definition.get("sql")
+    if not template:
+        return None, f"A {definition.get('kind', run.job.kind)} job runs its code, not a SQL template."
+    pins = pins_recorded(run)
+    if pins is None:
+        return None, "Rendered when the run starts: it reads the versions it pins then."
+    try:
+        return render(template, run=run, warehouse=get_warehouse(), pins=pins), ""
+    except ExecutionError as exc:
+        return None, f"The template does not render: {exc}"
+
+
+def run_verdict(run: Run, attempts: list[Attempt], checks: list[CheckResult]) -> str:
+    """Why a run whose attempt succeeded did not publish: the attempt only wrote the
+    version and its commit marker; verification then refused it."""
+    if run.status != RunStatus.VERIFICATION_FAILED:
+        return ""
+    if not any(a.status == AttemptStatus.SUCCEEDED for a in attempts):
+        return ""
+    lead = ("The attempt succeeded: it wrote the version and its commit marker. Verification then refused "
+            "the version, so it was never published and readers still see the previous one.")
+    failed = [c for c in checks if c.blocking and not c.passed]
+    if failed:
+        named = "; ".join(f"{c.name}: {c.message or 'failed'}" for c in failed)
+        return f"{lead} Failed blocking check{'s' if len(failed) > 1 else ''}: {named}."
+    return f"{lead} {run.error or 'Verification could not run.'}"

@@ -19,6 +19,7 @@ from backfill_portal.execution.executors.base import (
     PinnedInputs,
     covered_partitions,
     pin_inputs,
+    pins_recorded,
     reader,
     render,
     source_sql,
@@ -37,8 +38,8 @@ from backfill_portal.execution.executors.registry import (
 
 __all__ = [
     "ExecutionContext", "ExecutionError", "Executor", "LazyPins", "PinnedInputs", "covered_partitions", "execute",
-    "executor_for", "pin_inputs", "reader", "register_executor", "registry", "registry_problems", "render",
-    "source_sql", "source_watermark", "unregister_executor", "upstreams_of",
+    "executor_for", "pin_inputs", "pins_recorded", "reader", "register_executor", "registry", "registry_problems",
+    "render", "source_sql", "source_watermark", "unregister_executor", "upstreams_of",
 ]
 
 # The built-in kinds register themselves in executors/registry.py on import.

@@ -62,37 +62,48 @@ def upstreams_of(job: Job) -> list[Dataset]:
     return list(job.upstreams.all())
 
 
-def pin_inputs(run: Run, warehouse: WarehouseBackend) -> PinnedInputs:
-    """Pin each upstream's current published versions at run start, once per run."""
+def pins_recorded(run: Run) -> PinnedInputs | None:
+    """The inputs this run pinned at its start, from its consumption rows; None before
+    it pinned any. A read only: the run page renders the SQL against them."""
     job = run.job
     # Plain columns: a first attempt finds none, and joining the datasets and the
     # versions' runs here cost more to compile than the whole query takes to run.
     existing = list(Consumption.objects.filter(run=run).order_by().values_list("dataset_id", "partition_key",
                                                                                 "version_id"))
+    if not existing:
+        return None
+    pins = PinnedInputs()
+    upstreams = upstreams_of(job)
+    datasets = {d.pk: d for d in (*upstreams, job.dataset)}
+    datasets.update(Dataset.objects.in_bulk({pk for pk, _, _ in existing} - datasets.keys()))
+    run_ids = dict(Version.objects.filter(pk__in=[v for _, _, v in existing if v]).order_by()
+                   .values_list("pk", "run__run_id"))
+    for dataset_id, partition_key, version_id in existing:
+        dataset = datasets[dataset_id]
+        if dataset.is_source:
+            pins.sources.add(dataset.name)
+        elif dataset_id == job.dataset_id:
+            if version_id:
+                pins.previous[partition_key] = run_ids[version_id]
+        elif version_id:
+            pins.versions.setdefault(dataset.name, {})[partition_key] = run_ids[version_id]
+        else:
+            pins.versions.setdefault(dataset.name, {})
+    for up in upstreams:
+        if not up.is_source:
+            pins.versions.setdefault(up.name, {})
+    return pins
+
+
+def pin_inputs(run: Run, warehouse: WarehouseBackend) -> PinnedInputs:
+    """Pin each upstream's current published versions at run start, once per run."""
+    recorded = pins_recorded(run)
+    if recorded is not None:
+        return recorded
+    job = run.job
     pins = PinnedInputs()
     upstreams = upstreams_of(job)
     needs_previous = job.depends_on_past
-    if existing:
-        datasets = {d.pk: d for d in (*upstreams, job.dataset)}
-        datasets.update(Dataset.objects.in_bulk({pk for pk, _, _ in existing} - datasets.keys()))
-        run_ids = dict(Version.objects.filter(pk__in=[v for _, _, v in existing if v]).order_by()
-                       .values_list("pk", "run__run_id"))
-        for dataset_id, partition_key, version_id in existing:
-            dataset = datasets[dataset_id]
-            if dataset.is_source:
-                pins.sources.add(dataset.name)
-            elif dataset_id == job.dataset_id:
-                if version_id:
-                    pins.previous[partition_key] = run_ids[version_id]
-            elif version_id:
-                pins.versions.setdefault(dataset.name, {})[partition_key] = run_ids[version_id]
-            else:
-                pins.versions.setdefault(dataset.name, {})
-        for up in upstreams:
-            if not up.is_source:
-                pins.versions.setdefault(up.name, {})
-        return pins
-
     now = timezone.now()
     records: list[Consumption] = []
     for up in upstreams:

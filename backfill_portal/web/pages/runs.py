@@ -1,15 +1,56 @@
-"""Run detail: identity, attempts, checks, pinned inputs, the version written and its
-publications; and the side-effect outbox. A fixed number of queries whatever they hold."""
+"""The runs list (failing and stuck first, filtered); run detail: identity, time per
+phase, attempts, checks, the rendered SQL, its log lines, what it read, the version it
+wrote and its publications; and the side-effect outbox. A fixed number of queries
+whatever they hold."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db.models import Q
 
-from backfill_portal.catalog.models import Job
+from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.core.errors import NotFound
+from backfill_portal.core.logging import run_log_lines
 from backfill_portal.core.web import application_errors, keyset_page, query_without, render_page
 from backfill_portal.execution.models import Attempt, CheckResult, Delivery, Run
+from backfill_portal.execution.selectors import (
+    RunFilters,
+    run_phases,
+    run_rendered_sql,
+    run_rows,
+    run_verdict,
+    runs_failing,
+    runs_stuck,
+)
+from backfill_portal.web.forms.runs import RunFilterForm
 from backfill_portal.warehouse.models import Consumption, Publication, Version
+
+# Failing and stuck runs come first, above the paged list; this many of each.
+ATTENTION_SHOWN = 50
+
+
+@login_required
+def run_list(request):
+    """Every run, newest first (keyset on id), under the runs that need a person: stuck
+    (no sign of life) and failing (not fixed since). Bad filters are a 400 that names
+    the field."""
+    form = RunFilterForm(request.GET or None,
+                         jobs=list(Job.objects.order_by("name").values_list("name", flat=True)),
+                         datasets=list(Dataset.objects.filter(is_source=False).order_by("name")
+                                       .values_list("name", flat=True)))
+    if form.is_bound and not form.is_valid():
+        return render_page(request, "execution/run_list.html", {"form": form, "page": None}, status=400)
+    filters = form.filters() if form.is_bound else RunFilters()
+    qs = run_rows(filters)
+    stuck = failing = []
+    if not filters.state:
+        stuck = list(runs_stuck(qs).order_by("-id")[:ATTENTION_SHOWN])
+        failing = list(runs_failing(qs).order_by("-id")[:ATTENTION_SHOWN])
+    return render_page(request, "execution/run_list.html", {
+        "form": form, "filters": filters, "stuck": stuck, "failing": failing, "attention_shown": ATTENTION_SHOWN,
+        "stuck_ids": {r.pk for r in stuck}, "page": keyset_page(qs, request.GET.get("before")),
+        "keep_query": query_without(request, "before"), "stuck_after": settings.RUN_STUCK_AFTER_SECONDS,
+    })
 
 
 def _run_or_404(run_id: str) -> Run:
@@ -33,10 +74,18 @@ def run_detail(request, run_id: str):
             .select_related("version__run", "previous_version__run", "actor", "request")
             .order_by("-id")[:50]
         )
+    attempts = list(Attempt.objects.filter(run=run).order_by("attempt_no"))
+    checks = list(CheckResult.objects.filter(run=run).order_by("id"))
+    sql, sql_note = run_rendered_sql(run)
+    log_lines, log_total = run_log_lines(settings.RUN_LOG_DIR, run.run_id)
     return render_page(request, "execution/run_detail.html", {
         "run": run,
-        "attempts": list(Attempt.objects.filter(run=run).order_by("attempt_no")),
-        "checks": list(CheckResult.objects.filter(run=run).order_by("id")),
+        "attempts": attempts,
+        "checks": checks,
+        "verdict": run_verdict(run, attempts, checks),
+        "phases": run_phases(run),
+        "sql": sql, "sql_note": sql_note,
+        "log_lines": log_lines, "log_total": log_total,
         "inputs": list(Consumption.objects.filter(run=run).select_related("dataset", "version__run").order_by("id")),
         "version": version,
         "publications": publications,
