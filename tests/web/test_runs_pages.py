@@ -119,9 +119,9 @@ def test_the_nav_links_the_runs_list(web, queued):
     assert '<a href="/runs/" aria-current="page">Runs</a>' in html
 
 
-@pytest.mark.parametrize("seconds, text", [(0.25, "0.2 s"), (4.0, "4.0 s"), (42.4, "42 s"), (60, "1 min"),
+@pytest.mark.parametrize("seconds, text", [(0.0304, "30 ms"), (0.25, "250 ms"), (4.0, "4.0 s"), (42.4, "42 s"), (60, "1 min"),
                                            (125, "2 min 5 s"), (3600, "1 h"), (3 * 3600 + 120, "3 h 2 min")])
-def test_durations_read_in_seconds_under_a_minute(seconds, text):
+def test_durations_read_in_milliseconds_under_a_second_and_seconds_under_a_minute(seconds, text):
     assert words(seconds) == text
 
 
@@ -152,7 +152,7 @@ def test_run_page_shows_phases_rendered_sql_log_lines_and_what_it_read_and_wrote
     phases = section(html, "phases-h")
     for name in ("queued", "staging", "verifying", "publishing"):
         assert f'data-phase="{name}"' in phases, name
-    assert " s</td>" in phases and "minutes" not in phases
+    assert (" s</td>" in phases or " ms</td>" in phases) and "minutes" not in phases
     sql = section(html, "sql-h")
     # The template rendered against the run's interval and the upstream version it pinned.
     assert "GROUP BY category" in sql and "{{" not in sql and upstream.run_id in sql

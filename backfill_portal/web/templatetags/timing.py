@@ -1,4 +1,4 @@
-"""Durations for people: seconds under a minute, then minutes and seconds, then hours.
+"""Durations for people: milliseconds under a second, seconds under a minute, then minutes and seconds, then hours.
 
     {% load timing %}{{ attempt.started_at|duration:attempt.finished_at }}  {{ 42.5|seconds }}
 """
@@ -14,6 +14,8 @@ register = template.Library()
 def words(total: float) -> str:
     if total < 0:
         return "—"
+    if total < 1:
+        return f"{round(total * 1000)} ms"
     if total < 10:
         return f"{total:.1f} s"
     if total < 60:
