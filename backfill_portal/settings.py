@@ -537,7 +537,7 @@ HANDOFF_WINDOW_HOURS = env_int("HANDOFF_WINDOW_HOURS", 72)
 
 # Each run's own log lines, one file per run_id, read by its run page (core/logging.py
 # RunLogHandler). Empty: not kept. Workers on several machines need it on a shared disk.
-RUN_LOG_DIR = env_str("RUN_LOG_DIR", str(BASE_DIR / "var" / "log" / "runs"))
+RUN_LOG_DIR = env_str("RUN_LOG_DIR", str(VAR_DIR / "log" / "runs"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
