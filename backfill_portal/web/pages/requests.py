@@ -274,7 +274,8 @@ def _page_context(request, req: BackfillRequest, *, with_grid: bool = True) -> d
         "rollback_impact": rollback_state(request_id=req.pk)["impact"] if req.status == RequestStatus.ROLLED_BACK
         else [],
     }
-    ctx["keys"] = _keys_param(_section_keys(ctx))
+    ctx["section_keys"] = _section_keys(ctx)
+    ctx["keys"] = _keys_param(ctx["section_keys"])
     return ctx
 
 
@@ -490,8 +491,7 @@ def request_live(request, pk: int):
     req = request_get(pk)
     ctx = _page_context(request, req, with_grid=False)
     theirs = _keys_from_param(request.GET.get("v", ""))
-    ours = _section_keys(ctx)
-    changed = [name for name in LIVE_SECTIONS if theirs.get(name) != ours[name]]
+    changed = [name for name in LIVE_SECTIONS if theirs.get(name) != ctx["section_keys"][name]]
     if ctx["polling"] and not changed:
         return HttpResponse(status=204)
     if "live" in changed:
