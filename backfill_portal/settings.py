@@ -7,6 +7,7 @@ import re
 import sys
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -516,6 +517,30 @@ RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 300.0)
 # the probe-warehouse task above tries a fresh connection every WAREHOUSE_PROBE_SECONDS
 # and resumes the work once one succeeds. A connection attempt gives up after this long.
 WAREHOUSE_CONNECT_TIMEOUT = env_int("WAREHOUSE_CONNECT_TIMEOUT", 10)
+
+# --- OpenLineage out (execution/lineage_out/, docs/openlineage.md)
+# Off by default. OPENLINEAGE_URL sends each run's events over HTTP (POST to
+# OPENLINEAGE_URL + OPENLINEAGE_ENDPOINT, Marquez's and the spec's api/v1/lineage);
+# OPENLINEAGE_FILE appends them, one JSON object a line, to a file. One of the two.
+OPENLINEAGE_URL = env_str("OPENLINEAGE_URL", "").strip()
+OPENLINEAGE_FILE = env_str("OPENLINEAGE_FILE", "").strip()
+OPENLINEAGE_ENDPOINT = env_str("OPENLINEAGE_ENDPOINT", "api/v1/lineage").strip().lstrip("/")
+OPENLINEAGE_API_KEY = env_str("OPENLINEAGE_API_KEY", "")
+OPENLINEAGE_TIMEOUT_SECONDS = env_float("OPENLINEAGE_TIMEOUT_SECONDS", 5.0)
+# The jobs' namespace; datasets are named after the warehouse (postgres://host:port and
+# database.schema.table, as OpenLineage's naming spec says) unless told otherwise.
+OPENLINEAGE_NAMESPACE = env_str("OPENLINEAGE_NAMESPACE", "backfill-portal").strip()
+OPENLINEAGE_DATASET_NAMESPACE = env_str("OPENLINEAGE_DATASET_NAMESPACE", "").strip()
+if OPENLINEAGE_URL and OPENLINEAGE_FILE:
+    raise ImproperlyConfigured("set OPENLINEAGE_URL or OPENLINEAGE_FILE, not both")
+if OPENLINEAGE_URL and urlsplit(OPENLINEAGE_URL).scheme not in ("http", "https"):
+    raise ImproperlyConfigured(f"OPENLINEAGE_URL={OPENLINEAGE_URL!r} must be an http:// or https:// URL")
+if OPENLINEAGE_URL and not urlsplit(OPENLINEAGE_URL).hostname:
+    raise ImproperlyConfigured(f"OPENLINEAGE_URL={OPENLINEAGE_URL!r} names no host")
+if not OPENLINEAGE_NAMESPACE:
+    raise ImproperlyConfigured("OPENLINEAGE_NAMESPACE must not be empty")
+if OPENLINEAGE_TIMEOUT_SECONDS <= 0:
+    raise ImproperlyConfigured("OPENLINEAGE_TIMEOUT_SECONDS must be more than zero")
 
 # --- Product limits
 # Versions older than this are purged (never the current or previous verified one of a

@@ -134,3 +134,29 @@ class TaskOutbox(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["sent_at", "id"])]
+
+
+class LineageEvent(models.Model):
+    """An OpenLineage event about a run, built in the transaction of the transition it
+    tells of (so it exists exactly when the transition committed) and sent after commit
+    (`execution/lineage_out/`). The payload is fixed when written: a resend after a crash
+    is byte-identical, which a receiver deduplicates by run id, event type and time."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="lineage_events")
+    event_type = models.CharField(max_length=10)
+    payload = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    # A sender's lease: while it lasts no other sender takes the event; a sender that
+    # died leaves it to expire, and the sweeper sends the event again.
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    tries = models.PositiveIntegerField(default=0)
+    next_try_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["sent_at", "id"]), models.Index(fields=["run", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} {self.run_id} ({'sent' if self.sent_at else 'unsent'})"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from backfill_portal.execution.lineage_out.outbox import lineage_events_send
 from backfill_portal.execution.services.dispatch import warehouse_probe_and_resume
 from backfill_portal.execution.services.dispatch import dispatch_request as dispatch_request_service
 from backfill_portal.execution.services.runs import run_execute
@@ -43,3 +44,9 @@ def probe_warehouse() -> int:
 def schedule_production() -> list[str]:
     return schedule_production_service()
 
+
+
+@shared_task(name="execution.send_lineage_events", acks_late=True)
+def send_lineage_events(event_id: int) -> str:
+    """Send a run's unsent OpenLineage events up to this one, in order (each under a lease)."""
+    return lineage_events_send(event_id=event_id)

@@ -1,9 +1,15 @@
 """Allowed edges of the run and attempt lifecycles. No other code assigns `.status`."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
+from django.db import transaction
+
 from backfill_portal.core.transitions import apply_transition
 from backfill_portal.execution.choices import AttemptStatus as A
 from backfill_portal.execution.choices import RunStatus as R
+from backfill_portal.execution.lineage_out.events import Transition
+from backfill_portal.execution.lineage_out.outbox import lineage_transition
 from backfill_portal.execution.models import Attempt, Run
 
 RUN_EDGES: dict[str, frozenset[str]] = {
@@ -32,11 +38,19 @@ ATTEMPT_EDGES: dict[str, frozenset[str]] = {
 
 def run_transition(run: Run, *, to: str, actor=None, reason: str = "", updates: dict | None = None,
                    data: dict | None = None, expect: dict | None = None) -> Run:
-    return apply_transition(
-        instance=run, to=to, edges=RUN_EDGES, actor=actor, object_type="run", request_id=run.request_id,
-        dataset=run.job.dataset.name, reason=reason, updates=updates, expect=expect,
-        data={"run_id": run.run_id, "partition": run.partition_key, **(data or {})},
-    )
+    """Its OpenLineage event (if the edge emits one, and lineage is on) is written in the
+    same transaction as the state and its audit row, and sent after commit."""
+    before = run.status
+    # Inside the caller's transaction as it is (no savepoint, and a lost race raised by
+    # apply_transition leaves that transaction usable); alone, one transaction of its own.
+    with nullcontext() if transaction.get_connection().in_atomic_block else transaction.atomic():
+        apply_transition(
+            instance=run, to=to, edges=RUN_EDGES, actor=actor, object_type="run", request_id=run.request_id,
+            dataset=run.job.dataset.name, reason=reason, updates=updates, expect=expect,
+            data={"run_id": run.run_id, "partition": run.partition_key, **(data or {})},
+        )
+        lineage_transition(run, Transition(before=before, to=to, actor=actor, reason=reason, data=data or {}))
+    return run
 
 
 def attempt_transition(attempt: Attempt, *, to: str, actor=None, reason: str = "", updates: dict | None = None) -> Attempt:

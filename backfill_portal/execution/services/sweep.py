@@ -30,6 +30,7 @@ from backfill_portal.backfills.services.requests import request_start_after_appr
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.services.audit import audit_record
+from backfill_portal.execution.lineage_out.outbox import lineage_events_resend
 from backfill_portal.execution.models import Run, TaskOutbox
 from backfill_portal.execution.queue import enqueue, outbox_resend
 from backfill_portal.execution.services.dispatch import (
@@ -70,13 +71,15 @@ def sweep_run(*, actor=None, now=None) -> dict:
        work left moves on to reconciling or failed).
     9. Send again the reconcile task of reconciling requests whose message was lost.
     10. Open the items of hand-off cascades that never opened them.
-    11. If any of these did something, one audit row with the counts.
+    11. Send again the OpenLineage events nobody sent (a crash, a receiver that was down).
+    12. If any of these did something, one audit row with the counts.
     `now` moves the clock the expiries are judged by (tests, and a manual sweep)."""
     counts = {"lost": attempts_sweep_lost(now=now), "verifying": runs_reclaim_verifying(now=now),
               "stopped": requests_stop_cancelled(now=now), "resent": outbox_resend(),
               "stale_runs": runs_resend_stale(now=now), "resumed": warehouse_probe_and_resume(),
               "started": requests_start_approved(now=now), "dispatched": dispatch_all(),
-              "reconciled": requests_reconcile_lost(now=now), "handoffs": handoffs_open_lost(now=now)}
+              "reconciled": requests_reconcile_lost(now=now), "handoffs": handoffs_open_lost(now=now),
+              "lineage": lineage_events_resend(now=now)}
     if any(counts.values()):
         with transaction.atomic():
             audit_record(actor=actor, action=SWEEP_ACTION, object_type="sweep",
