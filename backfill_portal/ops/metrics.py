@@ -146,7 +146,8 @@ class PortalCollector:
                                      "Repairs made by the sweeper: attempts marked lost, verifications reclaimed, "
                                      "outbox rows re-sent, tasks of stale runs re-sent, work resumed after an "
                                      "outage, approved requests started, cancelled requests' runs stopped, runs "
-                                     "dispatched into free slots, lost reconciliations computed, hand-offs opened.",
+                                     "dispatched into free slots, lost reconciliations computed, hand-offs opened, "
+                                     "runs whose OpenLineage events were sent again.",
                                      labels=["action"])
         for name in SWEEP_COUNTS:
             family.add_metric([name], row[name] or 0)

@@ -57,7 +57,8 @@ def test_the_sweepers_repairs_are_counted_from_its_audit_rows(personas, catalog,
     assert value(samples, "backfill_sweeper_actions_total", action="stale_runs") == 0
     # Nothing to repair yet: no audit row, nothing counted.
     assert sweep_run(actor=None) == {"lost": 0, "verifying": 0, "resent": 0, "stale_runs": 0, "resumed": 0,
-                                     "stopped": 0, "started": 0, "dispatched": 0, "reconciled": 0, "handoffs": 0}
+                                     "stopped": 0, "started": 0, "dispatched": 0, "reconciled": 0, "handoffs": 0,
+                                     "lineage": 0}
     assert value(scrape(), "backfill_sweeper_actions_total", action="stale_runs") == 0
     # An hour later the sweeper re-sends the stale run's task, and the scrape counts it.
     counts = sweep_run(actor=None, now=timezone.now() + timedelta(hours=1))

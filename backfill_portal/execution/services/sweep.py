@@ -55,7 +55,7 @@ RECONCILE_TASK = "backfills.reconcile_request"
 # nobody else filled); reconciled: reconciling requests whose lost reconcile message
 # was sent again; handoffs: hand-off cascades whose items were never opened.
 SWEEP_COUNTS = ("lost", "verifying", "stopped", "resent", "stale_runs", "resumed", "started", "dispatched",
-                "reconciled", "handoffs")
+                "reconciled", "handoffs", "lineage")
 _BATCH = 200
 
 
