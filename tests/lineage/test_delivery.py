@@ -72,7 +72,7 @@ def test_sends_lost_after_commit_are_sent_by_the_sweeper_and_a_second_delivery_s
     ready.sent.clear()
     assert len(lost) == 2 and receiver.events == []
     assert lineage_events_resend() == 0  # younger than the grace: a send may still be under way
-    assert lineage_events_resend(now=later(60)) == 1
+    assert lineage_events_resend(now=later(120)) == 1
     ready.drain()
     run = Run.objects.get()
     assert told(receiver) == [(run_uuid(run.run_id), "START"), (run_uuid(run.run_id), "COMPLETE")]
@@ -87,14 +87,16 @@ def test_a_sender_that_died_holding_the_lease_is_finished_by_the_sweeper_with_th
     file_and_approve(personas, start="2022-10-01", end="2022-10-01")
     ready.drain(skip=lambda task, args: task == SEND_TASK)
     ready.sent.clear()
-    first = LineageEvent.objects.order_by("id").first()
-    # A sender took the lease and died: nobody else sends while it lasts ...
-    LineageEvent.objects.filter(pk=first.pk).update(claimed_until=later(30))
+    first, last = LineageEvent.objects.order_by("id")
+    # A sender took the START's lease and died: nobody else sends it while the lease
+    # lasts, and the run's later events wait behind it.
+    LineageEvent.objects.filter(pk=first.pk).update(claimed_until=later(300))
     assert lineage_events_send(event_id=first.pk) == "claimed-elsewhere"
-    assert lineage_events_resend(now=later(20)) == 0
+    assert lineage_events_send(event_id=last.pk) == "claimed-elsewhere"
+    assert receiver.events == []
     # ... and once it has expired, the sweeper sends it, as it was written.
     LineageEvent.objects.filter(pk=first.pk).update(claimed_until=timezone.now() - timedelta(seconds=1))
-    assert lineage_events_resend(now=later(60)) == 1
+    assert lineage_events_resend(now=later(120)) == 1
     ready.drain()
     assert [e for e in receiver.events if e["eventType"] == "START"] == [first.payload]
     assert len(receiver.events) == 2

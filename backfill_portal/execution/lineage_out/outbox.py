@@ -20,6 +20,7 @@ import logging
 import random
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
@@ -124,14 +125,16 @@ def _send_one(pk: int, transport) -> str:
     return "sent"
 
 
-def lineage_events_resend(*, now=None, older_than_seconds: int = 30) -> int:
+def lineage_events_resend(*, now=None, older_than_seconds: int | None = None) -> int:
     """The sweeper's part: enqueue the sending again for every run with an event that
     is unsent, due (its backoff over), not under a live lease and older than
-    `older_than_seconds` (a send after commit is under way). Returns how many runs."""
+    `older_than_seconds` (SWEEP_GRACE_SECONDS: its send after commit may be under way).
+    Returns how many runs."""
     if not lineage_enabled():
         return 0
     now = now or timezone.now()
-    due = (LineageEvent.objects.filter(sent_at__isnull=True, created_at__lt=now - timedelta(seconds=older_than_seconds))
+    grace = settings.SWEEP_GRACE_SECONDS if older_than_seconds is None else older_than_seconds
+    due = (LineageEvent.objects.filter(sent_at__isnull=True, created_at__lt=now - timedelta(seconds=grace))
            .filter(Q(next_try_at__isnull=True) | Q(next_try_at__lte=now))
            .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
            .values("run_id").annotate(last=Max("id")).values_list("last", flat=True)[:500])
