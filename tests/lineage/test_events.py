@@ -59,6 +59,26 @@ def output_of(event: dict) -> dict:
     return output
 
 
+def assert_inputs_are_the_pins(run: Run, event: dict) -> None:
+    """The event's inputs are exactly the versions the run pinned (its consumption
+    records): per dataset, the version facet and the portal's read facet."""
+    pinned: dict[str, dict[str, str | None]] = {}
+    for c in Consumption.objects.filter(run=run).select_related("dataset", "version__run"):
+        pinned.setdefault(c.dataset.name, {})[c.partition_key] = c.version.run.run_id if c.version_id else None
+    told = {i["name"].split(".")[-1]: i for i in event["inputs"]}
+    assert set(told) == set(pinned)
+    for name, read in pinned.items():
+        facet = told[name]["inputFacets"]["backfillPortal_read"]
+        assert facet["partitions"] == {k: v for k, v in read.items() if v}
+        assert facet.get("unpublished", []) == sorted(k for k, v in read.items() if not v)
+        versions = [v for v in read.values() if v]
+        if versions:  # a produced upstream: its version facet names what was read
+            assert told[name]["facets"]["version"]["datasetVersion"] == (
+                versions[0] if len(read) == 1 else ",".join(f"{k}={v}" for k, v in sorted(read.items()) if v))
+        else:
+            assert "version" not in told[name]["facets"]
+
+
 def test_lineage_is_off_by_default_and_writes_nothing(personas, ready, settings):
     assert settings.OPENLINEAGE_URL == settings.OPENLINEAGE_FILE == ""
     file_and_approve(personas)
@@ -94,23 +114,9 @@ def test_a_cascade_tells_the_receiver_start_and_complete_of_every_run_as_the_spe
         assert facets["backfillPortal_run"]["partition"] == run.partition_key
         assert facets["nominalTime"]["nominalStartTime"].startswith(run.data_interval_start.strftime("%Y-%m-%dT%H"))
 
-        # Inputs: exactly the versions the run pinned (its consumption records).
-        pinned: dict[str, dict[str, str | None]] = {}
-        for c in Consumption.objects.filter(run=run).select_related("dataset", "version__run"):
-            pinned.setdefault(c.dataset.name, {})[c.partition_key] = c.version.run.run_id if c.version_id else None
-        told = {i["name"].split(".")[-1]: i for i in complete["inputs"]}
-        assert set(told) == set(pinned)
-        for name, read in pinned.items():
-            facet = told[name]["inputFacets"]["backfillPortal_read"]
-            assert facet["partitions"] == {k: v for k, v in read.items() if v}
-            assert facet.get("unpublished", []) == sorted(k for k, v in read.items() if not v)
-            if run.job.dataset.name != "dwd_order_items":  # produced upstreams carry a version
-                versions = told[name]["facets"]["version"]["datasetVersion"]
-                assert versions == (next(iter(read.values())) if len(read) == 1 else
-                                    ",".join(f"{k}={v}" for k, v in sorted(read.items()) if v))
-        if run.job.name == "dwd_order_items":  # a source: its watermark, no version
-            source = told["ods_order_events"]
-            assert "version" not in source["facets"]
+        assert_inputs_are_the_pins(run, complete)
+        if run.job.name == "dwd_order_items":  # a source: its watermark at the pin, no version
+            source = {i["name"].split(".")[-1]: i for i in complete["inputs"]}["ods_order_events"]
             assert source["inputFacets"]["backfillPortal_read"]["watermark"]["row_count"] > 0
 
         # Output: the version written, its numbers, its checks, its publication.

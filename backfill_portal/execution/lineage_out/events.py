@@ -50,6 +50,9 @@ FACETS_SCHEMA_BASE = f"{PRODUCER}/raw/main/docs/openlineage/"
 # from its run_id (uuid5(RUN_ID_NAMESPACE, run_id)).
 RUN_ID_NAMESPACE = uuid.UUID("6f1b3c52-6d2e-5a43-9a57-0c4f1d8a2b10")
 REQUEST_JOB_PREFIX = "backfill-request-"
+# The language a job kind's failure is in (errorMessage's programmingLanguage); the
+# python and side-effect kinds, and any kind not named, run Python.
+_LANGUAGE = {"sql": "SQL", "dbt": "SQL"}
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +197,7 @@ def _run_facets(run: PortalRun, event_type: str, transition: Transition) -> dict
     if event_type == "FAIL":
         facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
             message=(run.error or transition.reason or transition.to)[:4000],
-            programmingLanguage="SQL" if run.job.kind == "sql" else "PYTHON", producer=PRODUCER)
+            programmingLanguage=_LANGUAGE.get(str(run.job.kind), "PYTHON"), producer=PRODUCER)
     return facets
 
 
