@@ -179,3 +179,19 @@ class SideEffectKind(JobKindBase):
         effect = config["side_effect"]
         if not isinstance(effect, dict) or not effect.get("channel"):
             yield "side_effect", f"side-effect job {job} needs side_effect.channel"
+
+
+@register_kind
+class DbtKind(JobKindBase):
+    """A dbt model, synced by `manage.py sync_dbt` (catalog/services/dbt_sync.py): each run
+    compiles the frozen model with dbt for its interval, the upstreams bound to the pinned
+    versions, and stages the compiled SELECT (execution/executors/dbt.py)."""
+
+    name = "dbt"
+    label = "dbt model"
+    required = {"dbt": "{kind} job {job} has no dbt model (sync it with manage.py sync_dbt)"}
+
+    def validate(self, config, *, job, reads) -> Iterator[tuple[str, str]]:
+        model = config["dbt"]
+        if not isinstance(model, dict) or not all(model.get(k) for k in ("project_dir", "model", "raw_code")):
+            yield "dbt", f"dbt job {job} needs dbt.project_dir, dbt.model and dbt.raw_code (sync it with manage.py sync_dbt)"

@@ -43,5 +43,5 @@ __all__ = [
 ]
 
 # The built-in kinds register themselves in executors/registry.py on import.
-from backfill_portal.execution.executors import python, side_effect, sql  # noqa: E402,F401
+from backfill_portal.execution.executors import dbt, python, side_effect, sql  # noqa: E402,F401
 from backfill_portal.execution.executors.side_effect import deliver_side_effect  # noqa: E402,F401
