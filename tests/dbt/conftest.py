@@ -3,6 +3,7 @@ its models, and its source table loaded into the test's warehouse."""
 from __future__ import annotations
 
 import io
+import re
 import os
 import shutil
 from pathlib import Path
@@ -37,3 +38,8 @@ def sync_dbt(*args) -> list[str]:
     out = io.StringIO()
     call_command("sync_dbt", *[str(a) for a in args], stdout=out)
     return out.getvalue().splitlines()
+
+
+def summary(lines: list[str]) -> str:
+    """The "N created, N changed, N unchanged" line."""
+    return next(line for line in lines if re.match(r"^\d+ created, ", line))

@@ -74,12 +74,16 @@ class _Project:
     project_dir: Path
     name: str
     column_types: dict  # unique_id -> {column: type} from target/catalog.json, if any
+    # What dbt compiles with: a manifest read from JSON lacks the generic tests' kwargs
+    # (dbt keeps them in memory only), so a manifest.json's project is parsed for that.
+    compile_manifest: object = None
 
 
 def load_project(path: str | Path) -> _Project:
     """The manifest (parsed, or read from `target/manifest.json`) and the project dir."""
     path = Path(path)
     try:
+        compile_manifest = None
         if path.is_dir():
             project_dir = path
             manifest = dbt_project.parse_project(path)
@@ -90,6 +94,7 @@ def load_project(path: str | Path) -> _Project:
                     f"{path}: no dbt_project.yml in {project_dir}; the portal compiles each run's model with dbt, "
                     "so it needs the project: pass the project directory or its target/manifest.json", field="path")
             manifest = dbt_project.read_manifest(path)
+            compile_manifest = dbt_project.parse_project(project_dir)
         else:
             raise DbtSyncError(f"{path}: no such dbt project or manifest.json", field="path")
     except dbt_project.DbtError as exc:
@@ -97,7 +102,8 @@ def load_project(path: str | Path) -> _Project:
     name = str(getattr(manifest.metadata, "project_name", "") or "")
     if not name:
         name = next((n.package_name for n in manifest.nodes.values() if n.resource_type == "model"), "dbt")
-    return _Project(manifest, project_dir.resolve(), name, _catalog_types(project_dir / "target" / "catalog.json"))
+    return _Project(manifest, project_dir.resolve(), name, _catalog_types(project_dir / "target" / "catalog.json"),
+                    compile_manifest or manifest)
 
 
 def _catalog_types(path: Path) -> dict:
@@ -117,17 +123,16 @@ def _catalog_types(path: Path) -> dict:
 class _Problems:
     def __init__(self):
         self.fields: dict[str, list[str]] = {}
+        self.first: str = ""
 
     def add(self, where: str, fld: str, message: str) -> None:
         self.fields.setdefault(f"{where}.{fld}", []).append(message)
+        self.first = self.first or f"{where}: {fld}: {message}"
 
     def raise_if_any(self) -> None:
         if self.fields:
-            first_path, first = next(iter(self.fields.items()))
-            where, _, fld = first_path.rpartition(".")
             count = sum(len(m) for m in self.fields.values())
-            raise DbtSyncError(f"the dbt project has {count} problem(s); first: {where}: {fld}: {first[0]}",
-                               fields=self.fields)
+            raise DbtSyncError(f"the dbt project has {count} problem(s); first: {self.first}", fields=self.fields)
 
 
 def _meta(node) -> dict:
@@ -232,7 +237,7 @@ def _team_and_pool(portal: dict, node, project: _Project, problems: _Problems, w
 def _interval(node, portal: dict, names: list[str], problems: _Problems, where: str) -> tuple[str, str] | str:
     """(time column, grain), or the reason the model cannot run per interval."""
     config = node.config
-    microbatch = getattr(config, "incremental_strategy", None) == "microbatch"
+    microbatch = config.materialized == "incremental" and getattr(config, "incremental_strategy", None) == "microbatch"
     if microbatch and config.event_time:
         column, grain, fld = config.event_time, _grain(config.batch_size, problems, where, "batch_size"), "event_time"
     elif portal.get("time_column"):
@@ -319,13 +324,15 @@ def dbt_plan(project: _Project, *, users: dict) -> dict:
         where = f"model {node.name}"
         meta = _meta(node)
         portal = _portal(meta)
-        columns = _columns(node, project.column_types.get(uid, {}), problems, where)
-        names = [c["name"] for c in columns]
-        interval = _interval(node, portal, names, problems, where)
-        if isinstance(interval, str):
+        types = project.column_types.get(uid, {})
+        names = [c["name"] for c in _columns(node, types, _Problems(), where)]
+        interval = _interval(node, portal, names, _Problems(), where)
+        if isinstance(interval, str):  # refused: its columns do not matter
             refused[uid] = interval
             del dataset_of[uid]
             continue
+        _columns(node, types, problems, where)
+        _interval(node, portal, names, problems, where)
     # Refusal for want of a time column propagates as well.
     changed = True
     while changed:
@@ -452,10 +459,12 @@ def _compile_and_check(project: _Project, dataset_of: dict[str, str], datasets: 
             tests[uid] = target
     models = [uid for uid in dataset_of if uid.startswith("model.")]
     try:
-        with dbt_project.patched(manifest, dataset_of):
-            compiled = dbt_project.compile_nodes(manifest, project.project_dir, [*models, *tests])
+        with dbt_project.patched(project.compile_manifest, dataset_of):
+            compiled = dbt_project.compile_nodes(project.compile_manifest, project.project_dir, [*models, *tests])
     except dbt_project.DbtError as exc:
-        failing = next((uid for uid in [*models, *tests] if _label_of(manifest, uid) in str(exc)), None)
+        text = str(exc)
+        failing = next((uid for uid in [*models, *tests] if f"in {_where(manifest, uid)} (" in text), None) or \
+            next((uid for uid in [*models, *tests] if f"{_label_of(manifest, uid)}: dbt could not" in text), None)
         where = _where(manifest, tests.get(failing, failing)) if failing else "project"
         problems.add(where, "sql", str(exc))
         return

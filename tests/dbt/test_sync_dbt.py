@@ -1,0 +1,130 @@
+"""sync_dbt's mapping and its refusals (any warehouse: dbt parses and compiles without
+connecting; runs need PostgreSQL)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from backfill_portal.catalog.models import CodeVersion, Dataset, Job
+from backfill_portal.core.models import AuditEvent
+from tests.dbt.conftest import summary, sync_dbt
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_example_maps_sources_models_keys_owners_and_tests(personas, dbt_shop):
+    lines = sync_dbt(dbt_shop)
+    assert summary(lines) == "7 created, 0 changed, 0 unchanged"
+    source, orders, daily = (Dataset.objects.get(name=n) for n in ("raw_orders", "orders", "daily_sales"))
+    assert source.is_source and source.time_column == "ordered_at" and source.business_key == ["order_id"]
+    assert (orders.owner.username, daily.owner.username) == ("olivia", "sam")
+    assert (daily.business_key, daily.time_column, daily.grain, daily.core_measure) == \
+        (["sales_date"], "sales_date", "day", "amount")
+    assert [c["type"] for c in daily.columns] == ["date", "integer", "numeric"]
+    job = Job.objects.get(name="daily_sales")
+    assert job.kind == "dbt" and [d.name for d in job.upstreams.all()] == ["orders"]
+    assert sorted(d.name for d in Job.objects.get(name="orders").upstreams.all()) == ["raw_orders"]
+    frozen = job.current_code_version.definition["dbt"]
+    assert frozen["model"] == "model.dbt_shop.daily_sales" and len(frozen["checksum"]) == 64
+    assert Job.objects.get(name="orders").current_code_version.definition["dbt"]["macros"].keys() == \
+        {"macro.dbt_shop.cents_to_amount"}
+    checks = {c["name"]: c["blocking"] for c in daily.checks}
+    assert checks == {"dbt_assert_daily_sales_amount_not_negative": True, "dbt_unique_daily_sales_sales_date": True,
+                      "dbt_not_null_daily_sales_sales_date": True}
+    assert all("{{ this }}" in c["sql"] for c in daily.checks)
+    assert AuditEvent.objects.filter(action="catalog.code_version", object_id="daily_sales").count() == 1
+    # Idempotent; a changed macro is a new code version of the model that uses it.
+    assert summary(sync_dbt(dbt_shop)) == "0 created, 0 changed, 7 unchanged"
+    macro = dbt_shop / "macros" / "cents_to_amount.sql"
+    macro.write_text(macro.read_text().replace("numeric(12, 2)", "numeric(14, 2)"))
+    lines = sync_dbt(dbt_shop)
+    assert any(line.startswith("changed job orders code version") for line in lines)
+    assert not any("job daily_sales" in line for line in lines)
+    assert CodeVersion.objects.filter(job__name="orders").count() == 2
+
+
+def test_a_warn_severity_test_is_a_non_blocking_check_and_a_model_without_time_is_refused(personas, dbt_shop):
+    schema = dbt_shop / "models" / "schema.yml"
+    schema.write_text(schema.read_text().replace("tests: [not_null]",
+                                                 "tests: [{not_null: {config: {severity: warn}}}]"))
+    (dbt_shop / "models" / "customers.sql").write_text("select distinct customer_id from {{ ref('orders') }}\n")
+    (dbt_shop / "models" / "customer_ranks.sql").write_text("select customer_id from {{ ref('customers') }}\n")
+    (dbt_shop / "dbt_project.yml").write_text((dbt_shop / "dbt_project.yml").read_text()
+                                              + "    customers: {+materialized: table}\n"
+                                              + "    customer_ranks: {+materialized: table}\n")
+    lines = sync_dbt(dbt_shop)
+    assert "refused model customers: no time column: not a microbatch model with event_time, and no " \
+           "meta.portal.time_column; the portal backfills a model one interval at a time" in lines
+    assert any(line.startswith("refused model customer_ranks: ") for line in lines)
+    assert summary(lines).endswith(", 2 refused")
+    assert not Job.objects.filter(name__in=["customers", "customer_ranks"]).exists()
+    orders = Dataset.objects.get(name="orders")
+    assert {c["name"]: c["blocking"] for c in orders.checks}["dbt_not_null_orders_amount"] is False
+
+
+def failure(path) -> str:
+    with pytest.raises(CommandError) as exc:
+        call_command("sync_dbt", str(path))
+    return str(exc.value)
+
+
+def test_bad_projects_are_refused_naming_the_model_and_the_field_and_nothing_is_written(personas, dbt_shop, tmp_path):
+    schema = dbt_shop / "models" / "schema.yml"
+    good = schema.read_text()
+    schema.write_text(good.replace("owner: sam", "owner: zed"))
+    assert "model daily_sales: meta.owner: owner 'zed' is not a user of the portal" in failure(dbt_shop)
+    schema.write_text(good.replace("unique_key: sales_date", "unique_key: sale_day"))
+    assert "model daily_sales: unique_key: 'sale_day' is not a column of the model" in failure(dbt_shop)
+    schema.write_text(good)
+    model = dbt_shop / "models" / "daily_sales.sql"
+    sql = model.read_text()
+    model.write_text(sql.replace("group by 1", "group by 1 {{ no_such_macro() }}"))
+    message = failure(dbt_shop)
+    assert "model daily_sales: sql:" in message and "no_such_macro" in message
+    model.write_text(sql.replace("count(*) as order_count", "count(*) as order_count, now() as loaded_at"))
+    message = failure(dbt_shop)
+    assert "model daily_sales: sql: CURRENT_TIMESTAMP() is not allowed: a job may read only its data interval" in message
+    model.write_text(sql)
+    (tmp_path / "target").mkdir()
+    (tmp_path / "dbt_project.yml").write_text("name: broken\nprofile: broken\n")
+    (tmp_path / "target" / "manifest.json").write_text(json.dumps({"nodes": "not a manifest"}))
+    assert "is not a dbt manifest" in failure(tmp_path / "target" / "manifest.json")
+    (tmp_path / "target" / "manifest.json").write_text("{not json")
+    assert "is not JSON" in failure(tmp_path / "target" / "manifest.json")
+    assert not Dataset.objects.exists() and not Job.objects.exists()
+
+
+def test_a_manifest_json_syncs_like_its_project(personas, dbt_shop):
+    sync_dbt(dbt_shop)  # parsing writes no target/ into the project ...
+    assert not (dbt_shop / "target").exists()
+    from backfill_portal.catalog import dbt_project
+
+    manifest = dbt_project.parse_project(dbt_shop)
+    (dbt_shop / "target").mkdir()
+    manifest.writable_manifest().write(str(dbt_shop / "target" / "manifest.json"))
+    assert summary(sync_dbt(dbt_shop / "target" / "manifest.json")) == "0 created, 0 changed, 7 unchanged"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_the_sqlite_warehouse_a_dbt_run_fails_with_a_clear_message(personas, dbt_shop, task_queue, warehouse,
+                                                                       settings):
+    if warehouse.dialect == "postgresql":
+        pytest.skip("the SQLite warehouse's message (the PostgreSQL pass runs the models)")
+    from backfill_portal.execution.choices import RunStatus
+    from backfill_portal.execution.models import Run
+    from tests.extending.helpers import approved_request
+
+    lines = sync_dbt(dbt_shop)
+    assert "note: dbt models run only on a PostgreSQL warehouse (dbt-postgres): no dbt adapter " \
+                        "works on the embedded SQLite warehouse; set WAREHOUSE_URL=postgresql://..." in lines
+    warehouse.query("CREATE TABLE raw_orders (order_id integer, customer_id integer, ordered_at timestamp, "
+                    "status text, amount numeric)")
+    request = approved_request(personas, "orders")
+    task_queue.drain()
+    request.refresh_from_db()
+    run = Run.objects.filter(request=request).first()
+    assert run is not None, (request.status, list(request.approval_steps.values_list("status", "approver__username")))
+    assert run.status == RunStatus.FAILED
+    assert "no dbt adapter works on the embedded SQLite warehouse" in run.error
