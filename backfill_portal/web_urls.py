@@ -2,7 +2,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from backfill_portal.web.pages import approvals, catalog, datasets, home, reconciliation, requests, runs
+from backfill_portal.web.pages import approvals, catalog, datasets, home, reconciliation, requests, runs, stale
 import backfill_portal.core.converters  # noqa: F401  (registers <dataset:…> and <partition:…>)
 
 urlpatterns = [
@@ -38,6 +38,8 @@ urlpatterns = [
     path("outbox/", runs.outbox, name="outbox"),
     path("catalog/", catalog.catalog, name="catalog"),
     path("catalog/jobs/<slug:name>/", catalog.job_detail, name="catalog-job"),
+    path("catalog/jobs/<slug:name>/stale/", stale.job_stale, name="catalog-job-stale"),
+    path("catalog/jobs/<slug:name>/stale/draft/", stale.job_stale_draft, name="catalog-job-stale-draft"),
     path("lineage/", catalog.lineage, name="lineage"),
     path("datasets/<slug:name>/", datasets.dataset_detail, name="dataset"),
     path("datasets/<dataset:name>/partitions/<partition:key>/", datasets.partition_detail, name="partition"),

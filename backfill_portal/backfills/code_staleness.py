@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backfill_portal.backfills.models import BackfillRequest
+from backfill_portal.backfills.choices import RequestStatus
+from backfill_portal.backfills.models import BackfillRequest, Interval
 from backfill_portal.backfills.services.rebuild import backfill_request_create_partitions
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ValidationError
@@ -47,7 +48,20 @@ def stale_backfill_draft(*, actor, job_names: list[str], reason: str = "") -> Ba
     partitions = {name: [p.partition_key for p in stale_partitions(job=job)] for name, job in jobs.items()}
     if not any(partitions.values()):
         raise ValidationError("no published partition was built by an older code version", field="jobs")
+    existing = _same_draft(actor, partitions)
+    if existing is not None:  # pressing the button twice files one draft
+        return existing
     reason = reason or ("rebuild the partitions built by older code versions of "
                         + ", ".join(f"{n}@{jobs[n].current_code_version.short_hash}" for n in sorted(jobs)
                                     if partitions[n]))
     return backfill_request_create_partitions(actor=actor, partitions=partitions, reason=reason)
+
+
+def _same_draft(actor, partitions: dict[str, list[str]]) -> BackfillRequest | None:
+    wanted = sorted((job, key) for job, keys in partitions.items() for key in keys)
+    for draft in BackfillRequest.objects.filter(requested_by=actor, status=RequestStatus.DRAFT,
+                                                job__name__in=list(partitions)).order_by("-id")[:20]:
+        planned = sorted(Interval.objects.filter(request=draft).values_list("job__name", "partition_key"))
+        if planned == wanted:
+            return draft
+    return None

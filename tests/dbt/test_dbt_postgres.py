@@ -7,6 +7,8 @@ from datetime import datetime, timezone
 
 import psycopg
 import pytest
+from django.test import Client
+from django.urls import reverse
 
 from backfill_portal.backfills.code_staleness import stale_partitions
 from backfill_portal.backfills.models import Interval
@@ -126,6 +128,13 @@ def test_a_changed_model_lists_its_stale_partitions_and_drafts_their_rebuild(per
     request_id = int(draft.split()[2])
     assert sorted(Interval.objects.filter(request_id=request_id).values_list("job__name", "partition_key")) == \
         [("daily_sales", day) for day in DAYS]
+    # The job's page lists them too, and its one click gives the same draft.
+    client = Client()
+    client.force_login(personas["alice"])
+    page = client.get(reverse("catalog-job-stale", args=["daily_sales"])).content.decode()
+    assert "3 stale partitions" in page and all(day in page for day in DAYS)
+    answer = client.post(reverse("catalog-job-stale-draft", args=["daily_sales"]))
+    assert answer.status_code == 302 and answer["Location"] == reverse("request-detail", args=[request_id])
     # Rebuilt with the new code, nothing is stale any more, and the numbers held.
     backfill_request_submit(actor=personas["alice"], request_id=request_id, confirm_overlap=True)
     backfill_request_decide(actor=personas["sam"], request_id=request_id, approve=True)
