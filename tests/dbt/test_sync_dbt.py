@@ -128,3 +128,21 @@ def test_on_the_sqlite_warehouse_a_dbt_run_fails_with_a_clear_message(personas, 
     assert run is not None, (request.status, list(request.approval_steps.values_list("status", "approver__username")))
     assert run.status == RunStatus.FAILED
     assert "no dbt adapter works on the embedded SQLite warehouse" in run.error
+
+
+def test_the_stale_page_of_a_fresh_dbt_job_lists_nothing_and_drafts_nothing(personas, dbt_shop):
+    from django.test import Client
+    from django.urls import reverse
+
+    sync_dbt(dbt_shop)
+    url = reverse("catalog-job-stale", args=["daily_sales"])
+    assert Client().get(url)["Location"].startswith(reverse("login"))
+    client = Client()
+    client.force_login(personas["alice"])
+    page = client.get(url).content.decode()
+    assert "0 stale partitions" in page and "Draft a backfill" not in page
+    answer = client.post(reverse("catalog-job-stale-draft", args=["daily_sales"]))
+    assert answer.status_code == 400
+    assert "no published partition was built by an older code version" in answer.content.decode()
+    assert client.get(reverse("catalog-job-stale", args=["nope"])).status_code == 404
+    assert "Built by older code" in client.get(reverse("catalog-job", args=["daily_sales"])).content.decode()
