@@ -47,8 +47,11 @@ def test_the_example_maps_sources_models_keys_owners_and_tests(personas, dbt_sho
 
 def test_a_warn_severity_test_is_a_non_blocking_check_and_a_model_without_time_is_refused(personas, dbt_shop):
     schema = dbt_shop / "models" / "schema.yml"
-    schema.write_text(schema.read_text().replace("tests: [not_null]",
-                                                 "tests: [{not_null: {config: {severity: warn}}}]"))
+    text = schema.read_text().replace("tests: [not_null]", "tests: [{not_null: {config: {severity: warn}}}]")
+    # daily_sales's owner comes from its group's owner when its meta names none.
+    text = text.replace("        owner: sam\n", "").replace("      unique_key: sales_date\n",
+                                                           "      unique_key: sales_date\n      group: sales\n")
+    schema.write_text(text + "\ngroups:\n  - name: sales\n    owner: {name: sam}\n")
     (dbt_shop / "models" / "customers.sql").write_text("select distinct customer_id from {{ ref('orders') }}\n")
     (dbt_shop / "models" / "customer_ranks.sql").write_text("select customer_id from {{ ref('customers') }}\n")
     (dbt_shop / "dbt_project.yml").write_text((dbt_shop / "dbt_project.yml").read_text()
@@ -62,6 +65,7 @@ def test_a_warn_severity_test_is_a_non_blocking_check_and_a_model_without_time_i
     assert not Job.objects.filter(name__in=["customers", "customer_ranks"]).exists()
     orders = Dataset.objects.get(name="orders")
     assert {c["name"]: c["blocking"] for c in orders.checks}["dbt_not_null_orders_amount"] is False
+    assert Dataset.objects.get(name="daily_sales").owner.username == "sam"
 
 
 def failure(path) -> str:
