@@ -80,7 +80,7 @@ def test_without_the_module_the_kind_is_a_validation_error_naming_the_field(pers
     assert "seed" not in kinds.kind_names() and "seed" not in executors.registry
     with pytest.raises(CatalogError) as err:
         catalog_sync(text=CATEGORIES)
-    assert err.value.fields == {"jobs[0].kind": ["'seed' is not one of sql, python, side_effect"]}
+    assert err.value.fields == {"jobs[0].kind": ["'seed' is not one of sql, python, side_effect, dbt"]}
     assert not Job.objects.exists()
 
 
