@@ -1,0 +1,213 @@
+"""Intervals per second of a long request of cheap intervals through the portal, versus
+bare Celery tasks doing the same warehouse statements, on the same PostgreSQL, the same
+Redis (or AMQP) broker and the same worker processes, in one run, alternated.
+
+- The portal: a request over DAYS days of `dwd_page_views_hourly` (24 intervals a day,
+  PAGE_VIEWS page views an hour in the source), filed, approved and run by the worker
+  through the portal's whole path (dispatch, attempts, pins, staging with the marker,
+  verification checks, compare-and-set publication, audit rows, outbox), timed from
+  filing until every interval is published.
+- Bare: one task per interval of the same hours (benchmarks/throughput_tasks.py), all
+  sent at once, running the same warehouse statements through the same backend
+  interface into a dataset of its own, and nothing of the portal's bookkeeping.
+
+Each round's two sides cover hours of their own (the same number), so no side reads or
+publishes over the other's. Per side: intervals per second over the whole request, and
+over its first and its last tenth (by finish time) to show whether it slows down as the
+request goes on. WORKERS worker processes (default 2, as `make run` starts).
+
+Targets: ratio portal / bare >= 0.6 (printed last as `ratio:`); the portal's last tenth
+>= 0.9 of its first. Needs PostgreSQL (DATABASE_URL, WAREHOUSE_URL) and a Redis broker
+(CELERY_BROKER_URL); the metadata and the warehouse are scratch databases named after
+the given ones.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, date, datetime, timedelta
+
+from _setup import ROOT, scratch_db_name, scratch_django
+
+BROKER = os.environ.get("CELERY_BROKER_URL", "")
+if not (os.environ.get("DATABASE_URL", "").startswith("postgres")
+        and os.environ.get("WAREHOUSE_URL", "").startswith("postgres") and BROKER.startswith("redis")):
+    raise SystemExit("throughput.py needs DATABASE_URL and WAREHOUSE_URL on PostgreSQL and a Redis CELERY_BROKER_URL")
+
+DAYS = int(os.environ.get("DAYS", "25"))
+ROUNDS = int(os.environ.get("ROUNDS", "2"))
+WORKERS = int(os.environ.get("WORKERS", "2"))
+PAGE_VIEWS = int(os.environ.get("PAGE_VIEWS", "20"))
+ACTIVE = int(os.environ.get("MAX_ACTIVE_INTERVALS", "8"))
+FIRST = date(2022, 9, 1)
+JOB = "dwd_page_views_hourly"
+
+
+def scratch_warehouse() -> None:
+    """A fresh warehouse database beside the given one, as scratch_django makes the metadata's."""
+    import psycopg
+
+    base = os.environ["WAREHOUSE_URL"]
+    name = scratch_db_name("throughput", base)
+    with psycopg.connect(base.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    os.environ["WAREHOUSE_URL"] = base.rsplit("/", 1)[0] + "/" + name
+
+
+scratch_warehouse()
+scratch_django("throughput")
+
+import redis  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.auth.models import User  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from backfill_portal.backends import get_warehouse  # noqa: E402
+from backfill_portal.backfills.models import BackfillRequest  # noqa: E402
+from backfill_portal.backfills.services.requests import (  # noqa: E402
+    backfill_request_create,
+    backfill_request_decide,
+    backfill_request_submit,
+)
+from backfill_portal.catalog.calendar import plan_intervals  # noqa: E402
+from backfill_portal.catalog.models import Job  # noqa: E402
+from backfill_portal.celery import app  # noqa: E402
+from backfill_portal.execution.models import Run  # noqa: E402
+from backfill_portal.execution.queue import BACKFILL_QUEUE, broker_publish, use_publisher  # noqa: E402
+from backfill_portal.web.demo.sources import load_demo_sources  # noqa: E402
+
+settings.DEBUG = False
+settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"  # the approval e-mails
+warehouse = get_warehouse()
+last_day = FIRST + timedelta(days=2 * DAYS * ROUNDS + 1)
+t = time.perf_counter()
+load_demo_sources(warehouse, first=FIRST - timedelta(days=1), last=last_day + timedelta(days=1), orders_per_day=5,
+                  page_views_per_hour=PAGE_VIEWS)
+print(f"PostgreSQL: source data for {2 * DAYS * ROUNDS + 2} days loaded in {time.perf_counter() - t:.1f}s "
+      f"({PAGE_VIEWS} page views an hour)")
+job = Job.objects.select_related("dataset").get(name=JOB)
+tz = job.dataset.timezone
+alice, olivia = User.objects.get(username="alice"), User.objects.get(username="olivia")
+done_list = redis.Redis.from_url(BROKER)
+
+
+def hours(first: date, days: int = DAYS) -> tuple[str, str, list]:
+    # Hours as UTC instants: a local hour can happen twice when clocks go back.
+    last = datetime(first.year, first.month, first.day, tzinfo=UTC) + timedelta(days=days, hours=-1)
+    start, end = f"{first.isoformat()}T00:00:00Z", last.isoformat().replace("+00:00", "Z")
+    return start, end, plan_intervals(grain="hour", timezone=tz, first=start, last=end)
+
+
+def rates(started: float, finished: list[float]) -> tuple[float, float, float]:
+    """Intervals per second over the whole side, its first tenth and its last tenth."""
+    finished = sorted(finished)
+    n, tenth = len(finished), max(1, len(finished) // 10)
+    whole = n / (finished[-1] - started)
+    first = tenth / (finished[tenth - 1] - started)
+    last = tenth / (finished[-1] - finished[-tenth - 1])
+    return whole, first, last
+
+
+def portal(first: date, days: int = DAYS) -> tuple[float, float, float]:
+    """File, approve and run a request over `days` days; until every interval is published."""
+    start, end, intervals = hours(first, days)
+    with use_publisher(broker_publish):
+        t0 = time.time()
+        request, _ = backfill_request_create(actor=alice, job=JOB, start=start, end=end, reason="throughput benchmark",
+                                             max_active_intervals=ACTIVE)
+        backfill_request_submit(actor=alice, request_id=request.pk, confirm_overlap=True)
+        backfill_request_decide(actor=olivia, request_id=request.pk, approve=True)
+        # One statement on a raw cursor every 50 ms: as little as it can of the CPU the
+        # worker is timed on.
+        table = connection.ops.quote_name(BackfillRequest._meta.db_table)
+        with connection.cursor() as cursor:
+            while True:
+                cursor.execute(f"SELECT status FROM {table} WHERE id = %s", [request.pk])
+                if (now := cursor.fetchone()[0]) not in ("approved", "running"):
+                    break
+                time.sleep(0.05)
+    assert now == "reconciling", now
+    finished = [f.timestamp() for f in Run.objects.filter(request=request, status="published")
+                .values_list("finished_at", flat=True)]
+    assert len(finished) == len(intervals), (len(finished), len(intervals))
+    return rates(t0, finished)
+
+
+def bare(first: date, days: int = DAYS) -> tuple[float, float, float]:
+    """One bare task per interval of `days` days, all sent at once; until all have finished."""
+    _, _, intervals = hours(first, days)
+    key = f"bench:throughput:{uuid.uuid4().hex}"
+    t0 = time.time()
+    for iv in intervals:
+        app.send_task("bench.bare_interval", queue=BACKFILL_QUEUE,
+                      args=[f"bare-{uuid.uuid4().hex}", iv.partition_key, iv.start.isoformat(), iv.end.isoformat(), key])
+    while done_list.llen(key) < len(intervals):
+        time.sleep(0.05)
+    finished = [float(x) for x in done_list.lrange(key, 0, -1)]
+    done_list.delete(key)
+    return rates(t0, finished)
+
+
+def start_worker() -> subprocess.Popen:
+    """A real Celery worker, as deployed (DEBUG off, WORKERS processes), with the bare task
+    loaded beside the portal's. It signs audit rows with this process's key."""
+    env = {**os.environ, "LOG_LEVEL": "WARNING", "DEBUG": "0", "SECRET_KEY": "benchmark-" + "k" * 50,
+           "AUDIT_KEY": f"{settings.AUDIT_KEY_ID}:{settings.AUDIT_KEYS[settings.AUDIT_KEY_ID]}",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q", "production,backfill"],
+                   cwd=ROOT, env=env, capture_output=True, timeout=60)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "backfill_portal", "worker", "-Q", "production,backfill",
+         "--include", "throughput_tasks", "--concurrency", str(WORKERS), "--prefetch-multiplier", "1",
+         "--without-mingle", "--without-gossip", "-n", f"throughput{os.getpid()}@%h"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 60
+    while not app.control.ping(timeout=1.0):
+        if proc.poll() is not None or time.time() > deadline:
+            raise SystemExit("the benchmark worker did not start")
+    return proc
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def line(name: str, r: tuple[float, float, float]) -> str:
+    return f"{name} {r[0]:.1f}/s (first tenth {r[1]:.1f}/s, last tenth {r[2]:.1f}/s)"
+
+
+worker = start_worker()
+portal_r, bare_r = [], []
+try:
+    # A day of each first, untimed: the worker's processes import, connect and compile.
+    bare(FIRST, 1)
+    portal(FIRST + timedelta(days=1), 1)
+    day = FIRST + timedelta(days=2)
+    for n in range(ROUNDS):
+        bare_r.append(bare(day))
+        day += timedelta(days=DAYS)
+        portal_r.append(portal(day))
+        day += timedelta(days=DAYS)
+        print(f"round {n + 1}: {line('bare', bare_r[-1])}; {line('portal', portal_r[-1])}", flush=True)
+finally:
+    stop_worker(worker)
+
+p = statistics.median(r[0] for r in portal_r)
+b = statistics.median(r[0] for r in bare_r)
+steady = statistics.median(r[2] / r[1] for r in portal_r)
+n_intervals = len(hours(FIRST)[2])
+print(f"{ROUNDS} rounds of {n_intervals} hourly intervals each side, {WORKERS} worker processes, request max "
+      f"{ACTIVE} active intervals: portal {p:.1f} intervals/s, bare Celery {b:.1f}/s (medians); "
+      f"portal's last tenth / first tenth: {steady:.2f} (target >= 0.9)")
+print(f"ratio: {p / b:.2f} (portal intervals/s / bare Celery tasks doing the same warehouse statements, "
+      f"{n_intervals} intervals of {JOB})")
