@@ -374,8 +374,8 @@ class WarehouseDatabases:
     for a checkpoint); emptying one takes ~0.25 s. Emptied is as good as new for a
     warehouse: every session still connected to it is ended first, as DROP DATABASE
     ... WITH (FORCE) does (a worker frozen in its staging transaction, the live
-    server's thread), then its one schema, `public`, is dropped with all it holds
-    (tables, views, the bookkeeping `_bf_*` tables) and made again. The databases are
+    server's thread), then every schema of its own is dropped with all it holds
+    (tables, views, the bookkeeping `_bf_*` tables) and `public` is made again. The databases are
     dropped at the end of the session."""
 
     def __init__(self, base: str):
@@ -411,8 +411,12 @@ class WarehouseDatabases:
                              "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("SET lock_timeout = '30s'")
-                conn.execute("DROP SCHEMA public CASCADE")
-                conn.execute("CREATE SCHEMA public")
+                schemas = [row[0] for row in conn.execute(
+                    "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'")]
+                for schema in schemas:
+                    conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+                conn.execute("CREATE SCHEMA public AUTHORIZATION pg_database_owner")  # as a new database has it
+                conn.execute("GRANT USAGE ON SCHEMA public TO PUBLIC")
         except psycopg.Error:
             return  # not reused: dropped with the others at the end
         self.free.append(name)
