@@ -290,6 +290,12 @@ WAREHOUSE_URL = env_str("WAREHOUSE_URL", f"sqlite:///{VAR_DIR / 'warehouse.sqlit
 # while rows come. 0 turns either off.
 WAREHOUSE_LOCK_TIMEOUT_SECONDS = env_int("WAREHOUSE_LOCK_TIMEOUT_SECONDS", 60)
 WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = env_int("WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS", 600)
+# A publish or rollback on PostgreSQL swaps partitions of the reader table, which waits
+# for readers of it. Each try waits at most WAREHOUSE_PUBLISH_LOCK_TIMEOUT_SECONDS (so a
+# reader arriving meanwhile, queued behind it, waits no longer), then lets go and tries
+# again, for up to WAREHOUSE_PUBLISH_WAIT_SECONDS in all.
+WAREHOUSE_PUBLISH_LOCK_TIMEOUT_SECONDS = env_float("WAREHOUSE_PUBLISH_LOCK_TIMEOUT_SECONDS", 1.0)
+WAREHOUSE_PUBLISH_WAIT_SECONDS = env_float("WAREHOUSE_PUBLISH_WAIT_SECONDS", 300.0)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -156,13 +156,13 @@ def bare() -> float:
     t = time.perf_counter()
     for i in range(0, len(run_ids), 500):
         chunk = run_ids[i:i + 500]
-        for statement in warehouse.profile_statements(spec, len(chunk)):
+        for statement in warehouse.profile_statements(spec, chunk):
             warehouse.query(statement, chunk)
     for i in range(0, len(partitions), 500):
         warehouse.current_many(dws.name, partitions[i:i + 500])
     for i in range(0, len(down_ids), 500):
         chunk = down_ids[i:i + 500]
-        warehouse.query(warehouse.measure_statement(down_spec, len(chunk)), chunk)
+        warehouse.query(warehouse.measure_statement(down_spec, chunk), chunk)
     return time.perf_counter() - t
 
 

@@ -131,12 +131,14 @@ def backend_class(url: str) -> type[WarehouseBackend]:
     return cls
 
 
-def make_warehouse(url: str, *, lock_timeout_seconds: int = 0,
-                   idle_in_transaction_timeout_seconds: int = 0) -> WarehouseBackend:
+def make_warehouse(url: str, *, lock_timeout_seconds: int = 0, idle_in_transaction_timeout_seconds: int = 0,
+                   publish_lock_timeout_seconds: float = 1.0, publish_wait_seconds: float = 300.0) -> WarehouseBackend:
     """A new backend for `url`, not cached and not connected (tests, a forked child
     that only needs the engine's value formats, health probes)."""
     return backend_class(url)(url, lock_timeout_seconds=lock_timeout_seconds,
-                              idle_in_transaction_timeout_seconds=idle_in_transaction_timeout_seconds)
+                              idle_in_transaction_timeout_seconds=idle_in_transaction_timeout_seconds,
+                              publish_lock_timeout_seconds=publish_lock_timeout_seconds,
+                              publish_wait_seconds=publish_wait_seconds)
 
 
 def get_warehouse(url: str | None = None) -> WarehouseBackend:
@@ -153,7 +155,9 @@ def get_warehouse(url: str | None = None) -> WarehouseBackend:
             if warehouse is None:
                 warehouse = make_warehouse(
                     url, lock_timeout_seconds=settings.WAREHOUSE_LOCK_TIMEOUT_SECONDS,
-                    idle_in_transaction_timeout_seconds=settings.WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS)
+                    idle_in_transaction_timeout_seconds=settings.WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
+                    publish_lock_timeout_seconds=settings.WAREHOUSE_PUBLISH_LOCK_TIMEOUT_SECONDS,
+                    publish_wait_seconds=settings.WAREHOUSE_PUBLISH_WAIT_SECONDS)
                 warehouse.ensure_meta()
                 _instances[url] = warehouse
     return warehouse

@@ -45,9 +45,11 @@ __all__ = [
 COLUMN_TYPES = ("text", "integer", "numeric", "timestamp", "date", "boolean")
 
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
-# `<name>__versions_run` (and older warehouses' `_part_run`) must fit PostgreSQL's
-# 63-byte identifier limit.
+# `<name>__versions_run` and PostgreSQL's per-version tables `<name>__v<16 hex>` must
+# fit PostgreSQL's 63-byte identifier limit.
 MAX_DATASET_NAME = 40
+# The names the backends give their own tables of a dataset: a dataset may not take one.
+STORAGE_SUFFIX = re.compile(r"__versions$|__v[0-9a-f]{16}$")
 MAX_COLUMN_NAME = 63
 BOOKKEEPING_COLUMNS = ("_run_id", "_partition", "_attempt")
 META_PREFIX = "_bf_"
@@ -114,7 +116,7 @@ class DatasetSpec:
 
     def __post_init__(self) -> None:
         identifier(self.name, what="dataset", max_length=MAX_DATASET_NAME)
-        if self.name.startswith(META_PREFIX) or self.name.endswith("__versions"):
+        if self.name.startswith(META_PREFIX) or STORAGE_SUFFIX.search(self.name):
             raise ValidationError(f"dataset name {self.name!r} is reserved for the warehouse", field="dataset")
         columns = tuple(c if isinstance(c, ColumnSpec) else ColumnSpec(*c) for c in self.columns)
         object.__setattr__(self, "columns", columns)
@@ -320,11 +322,19 @@ class WarehouseBackend(abc.ABC):
     #: ("sqlite", "postgresql", ...): the catalog's SQL is written in it.
     dialect: str = ""
 
-    def __init__(self, url: str, *, lock_timeout_seconds: int = 0, idle_in_transaction_timeout_seconds: int = 0):
-        """Constructing a backend opens nothing; the first operation connects."""
+    def __init__(self, url: str, *, lock_timeout_seconds: int = 0, idle_in_transaction_timeout_seconds: int = 0,
+                 publish_lock_timeout_seconds: float = 1.0, publish_wait_seconds: float = 300.0):
+        """Constructing a backend opens nothing; the first operation connects.
+
+        `publish_lock_timeout_seconds`: how long one try of a pointer switch waits for
+        a lock readers hold (a backend whose switch takes one) before it lets go and
+        tries again, so that readers queued behind it wait no longer than that;
+        `publish_wait_seconds`: how long it keeps trying before WarehouseLockTimeout."""
         self.url = url
         self.lock_timeout_seconds = lock_timeout_seconds
         self.idle_in_transaction_timeout_seconds = idle_in_transaction_timeout_seconds
+        self.publish_lock_timeout_seconds = publish_lock_timeout_seconds
+        self.publish_wait_seconds = publish_wait_seconds
 
     # -- schema -----------------------------------------------------------------------
 
@@ -339,6 +349,12 @@ class WarehouseBackend(abc.ABC):
         Idempotent. Columns are only ever added, never dropped or retyped (old
         versions must stay readable for rollback); a retyped column is a
         ValidationError."""
+
+    def upgrade_layout(self, spec: DatasetSpec) -> dict[str, Any]:
+        """Convert `spec`'s storage from an older layout of this backend, keeping every
+        version, marker and pointer move; {} when there is nothing to convert. What
+        was done otherwise, as {"versions": n, "published": n, ...}."""
+        return {}
 
     # -- staging ----------------------------------------------------------------------
 

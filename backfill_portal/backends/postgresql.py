@@ -9,7 +9,9 @@ waits for ever and a frozen client's locks are released by the server.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlparse
@@ -18,13 +20,15 @@ import psycopg
 
 from backfill_portal.backends import register_backend
 from backfill_portal.backends.base import (
+    BOOKKEEPING_COLUMNS,
     FINGERPRINT_DECIMALS,
     DatasetSpec,
     VersionNumbers,
     WarehouseLockTimeout,
     WarehouseUnavailable,
 )
-from backfill_portal.backends.sql import SqlWarehouse, _quote
+from backfill_portal.backends.sql import SqlWarehouse, _index_name, _literal, _quote
+from backfill_portal.core.errors import ValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +95,11 @@ class PostgreSQLWarehouse(SqlWarehouse):
     def _reraise(self, exc: Exception):
         if isinstance(exc, psycopg.errors.LockNotAvailable):
             raise WarehouseLockTimeout(f"{exc} (waited WAREHOUSE_LOCK_TIMEOUT_SECONDS={self.lock_timeout_seconds})") from exc
+        if isinstance(exc, psycopg.errors.DeadlockDetected):
+            raise WarehouseLockTimeout(f"{exc} (the server broke a lock cycle)") from exc
+        if isinstance(exc, psycopg.errors.CheckViolation) and "_bf_partition" in str(exc):
+            raise ValidationError(f"a row's partition column does not hold its version's partition: {exc}",
+                                  field="partition_column") from exc
         conn = getattr(self._local, "conn", None)
         # A connection the server ended (restart, idle-in-transaction timeout, a
         # terminated backend) is broken whatever class its last error has.
@@ -183,11 +192,300 @@ class PostgreSQLWarehouse(SqlWarehouse):
                            ", ".join(str(pid) for pid, _ in ended), key)
         return False
 
+    # -- the layout: one table per version, the reader table partitioned over them -------
+    #
+    # `<name>` is partitioned by LIST on the partition key column; its partitions are
+    # exactly the published versions. A version is staged into `<name>__v<hash>` with a
+    # CHECK that every row holds its partition, validated as rows go in, so the ATTACH
+    # that publishes it need not scan it; its declared indexes are built before the
+    # marker, so the ATTACH finds them instead of building them under its lock.
+    #
+    # Locks (PostgreSQL 14+): ATTACH takes SHARE UPDATE EXCLUSIVE on the parent (readers
+    # go on) and ACCESS EXCLUSIVE on the table attached; DETACH without CONCURRENTLY takes
+    # ACCESS EXCLUSIVE on the parent. DETACH ... CONCURRENTLY would not block readers but
+    # cannot run inside a transaction block (it is two transactions), so the partition
+    # would be missing, or the pointer disagree with it, between them: invariant 2 rules
+    # it out. So a replacing publish waits for readers of the parent; each try waits at
+    # most `publish_lock_timeout_seconds` (SET LOCAL lock_timeout), then lets go so the
+    # readers queued behind it run, and tries again (`_with_publish_retry`).
+
+    def version_table(self, spec: DatasetSpec, run_id: str) -> str:
+        return self._version_table_of(spec.name, run_id)
+
+    @staticmethod
+    def _version_table_of(name: str, run_id: str) -> str:
+        return f"{name}__v{hashlib.blake2b(run_id.encode(), digest_size=8).hexdigest()}"
+
+    def _stored_table(self, spec: DatasetSpec, run_id: str) -> str:
+        table = self.version_table(spec, run_id)
+        return table if self.table_exists(table) else spec.name
+
+    def _partition_key_of(self, name: str) -> str | None:
+        """The column `<name>` is partitioned on, or None if it is not partitioned."""
+        rows = self.query(
+            """SELECT a.attname FROM pg_catalog.pg_partitioned_table AS p
+            JOIN pg_catalog.pg_attribute AS a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0]
+            WHERE p.partrelid = to_regclass(?)""", (_quote(name),))
+        return rows[0][0] if rows else None
+
+    def _index_names(self, table: str) -> set[str]:
+        return {name for (name,) in self.query(
+            """SELECT c.relname FROM pg_catalog.pg_index AS i JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
+            WHERE i.indrelid = to_regclass(?)""", (_quote(table),))}
+
+    def _reader_indexes(self, spec: DatasetSpec) -> list[tuple[str, ...]]:
+        # Partition pruning finds a partition; only the declared indexes are needed.
+        return list(spec.indexes)
+
+    def _detached_versions(self, name: str) -> list[str]:
+        """The version tables of `name` that exist and are not attached."""
+        tables = sorted({self._version_table_of(name, run_id) for (run_id,) in self.query(
+            'SELECT "run_id" FROM "_bf_markers" WHERE "dataset" = ?', (name,))})
+        if not tables:
+            return []
+        return [t for (t,) in self.query(
+            """SELECT c.relname FROM pg_catalog.pg_class AS c
+            WHERE c.relname = ANY(?) AND pg_catalog.pg_table_is_visible(c.oid) AND c.relkind = 'r'
+              AND NOT c.relispartition ORDER BY c.relname""", (tables,))]
+
+    def _has_index_on(self, table: str, columns: Sequence[str]) -> bool:
+        rows = self.query(
+            """SELECT ARRAY(SELECT a.attname::text FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+                            JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                            ORDER BY k.n)
+            FROM pg_catalog.pg_index AS i WHERE i.indrelid = to_regclass(?) AND i.indpred IS NULL
+              AND i.indexprs IS NULL""", (_quote(table),))
+        return any(list(found) == list(columns) for (found,) in rows)
+
+    def _dataset_is_ready(self, spec: DatasetSpec) -> bool:
+        if self._partition_key_of(spec.name) != spec.partition_key_column:
+            return False
+        present = self._columns_of(spec.name)
+        if any(present.get(c.name, "").lower() != self._physical(c.type).lower() for c in spec.columns):
+            return False
+        wanted = {_index_name(spec.name, columns) for columns in spec.indexes}
+        return wanted <= self._index_names(spec.name)
+
+    def _refuse_foreign_relation(self, spec: DatasetSpec) -> None:
+        super()._refuse_foreign_relation(spec)
+        key = self._partition_key_of(spec.name)
+        if self._relation_kind(spec.name) is not None and key is None:
+            raise ValidationError(
+                f"{spec.name!r} is a table of an earlier warehouse layout or not the portal's; convert the "
+                "warehouse with `manage.py upgrade_warehouse_layout` first", field="dataset")
+        if key is not None and key != spec.partition_key_column:
+            raise ValidationError(
+                f"{spec.name!r} is partitioned on {key!r} but the catalog names {spec.partition_key_column!r}; "
+                "`manage.py upgrade_warehouse_layout` repartitions it", field="partition_column")
+
+    def _build_dataset(self, spec: DatasetSpec) -> None:
+        """The partitioned reader table, its declared (partitioned) indexes; a column or
+        index added to the catalog is added to every version not attached too, so any
+        version can be attached again (a rollback) and read by pin."""
+        present = self._columns_of(spec.name)
+        if not present:
+            columns = [f"{_quote(c.name)} {self._physical(c.type)}" for c in spec.columns]
+            columns += ['"_run_id" text NOT NULL', '"_partition" text NOT NULL', '"_attempt" integer']
+            self.execute(f"CREATE TABLE {_quote(spec.name)} ({', '.join(columns)}) "
+                         f"PARTITION BY LIST ({_quote(spec.partition_key_column)})")
+            detached: list[str] = []
+        else:
+            detached = self._detached_versions(spec.name)
+            for col in spec.columns:
+                if col.name in present:
+                    continue
+                for table in [spec.name, *detached]:
+                    self.execute(f"ALTER TABLE {_quote(table)} ADD COLUMN IF NOT EXISTS {_quote(col.name)} "
+                                 f"{self._physical(col.type)}")
+            self._evolve_columns(spec, spec.name, self._columns_of(spec.name))
+        for columns in spec.indexes:
+            listed = ", ".join(_quote(c) for c in columns)
+            for table in detached:
+                if not self._has_index_on(table, columns):
+                    self.execute(f"CREATE INDEX {_quote(_index_name(table, columns))} ON {_quote(table)} ({listed})")
+            self.execute(f"CREATE INDEX IF NOT EXISTS {_quote(_index_name(spec.name, columns))} "
+                         f"ON {_quote(spec.name)} ({listed})")
+
+    def _create_version_table(self, spec: DatasetSpec, table: str, partition: str) -> None:
+        """The columns of the reader table, in its order, read from the catalog
+        (CREATE TABLE ... LIKE would hold a lock on the reader table until the staging
+        transaction ends, and a replacing publish needs that table alone), and the
+        CHECK that makes the ATTACH skip its scan (a LIST partition refuses NULL, so
+        the CHECK says NOT NULL too)."""
+        columns = []
+        for name, kind in self._columns_of(spec.name).items():
+            columns.append(f"{_quote(name)} {kind}" + (" NOT NULL" if name in ("_run_id", "_partition") else ""))
+        key = _quote(spec.partition_key_column)
+        columns.append(f'CONSTRAINT "_bf_partition" CHECK ({key} IS NOT NULL AND {key} = {_literal(partition)})')
+        self.execute(f"CREATE TABLE {_quote(table)} ({', '.join(columns)})")
+
+    def _prepare_version(self, *, spec: DatasetSpec, run_id: str, partition: str) -> None:
+        """A version without a marker is a dead attempt's: its table goes (PostgreSQL's
+        DDL is transactional, so only a writer outside the staging transaction could
+        have left one), and a new one is made."""
+        table = self.version_table(spec, run_id)
+        self.execute(f"DROP TABLE IF EXISTS {_quote(table)}")
+        self._create_version_table(spec, table, partition)
+
+    def _finish_version(self, *, spec: DatasetSpec, run_id: str, partition: str) -> None:
+        """The declared indexes, built once over the loaded rows (cheaper than keeping
+        them up row by row), matching the reader table's so the ATTACH adopts them."""
+        table = self.version_table(spec, run_id)
+        for columns in spec.indexes:
+            self.execute(f"CREATE INDEX {_quote(_index_name(table, columns))} ON {_quote(table)} "
+                         f"({', '.join(_quote(c) for c in columns)})")
+
+    def _insert_select(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
+                       select_sql: str, params: Sequence) -> tuple[VersionNumbers, str]:
+        """One statement writes the rows and returns their numbers and fingerprint: a
+        data-modifying CTE whose RETURNING rows are aggregated as they come, so the
+        version is read once, by the INSERT itself."""
+        columns = ", ".join(_quote(name) for name in (*spec.column_names, *BOOKKEEPING_COLUMNS))
+        selected = ", ".join(f"q.{_quote(name)}" for name in spec.column_names)
+        returned = ", ".join(_quote(name) for name in spec.column_names)
+        row = self.query(
+            f"""WITH written AS (
+                INSERT INTO {_quote(self.version_table(spec, run_id))} ({columns})
+                SELECT {selected}, CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS INTEGER) FROM ({select_sql}) AS q
+                RETURNING {returned}
+            ), r AS (SELECT *, {self._row_hash_sql(spec)} AS h FROM written)
+            SELECT {self._one_pass_numbers_sql(spec)}, {self._hash_lanes_sql()} FROM r""",
+            (run_id, partition, attempt_no, *params),
+        )[0]
+        return self._to_numbers(row), self._lanes_hex(row[4], row[5])
+
+    @staticmethod
+    def _one_pass_numbers_sql(spec: DatasetSpec) -> str:
+        """Row count, rows with a NULL key part, measure sum, distinct complete keys, as
+        aggregates of one scan (a composite key counted as a row value)."""
+        keys = [_quote(k) for k in spec.business_key]
+        any_null = " OR ".join(f"{k} IS NULL" for k in keys)
+        all_set = " AND ".join(f"{k} IS NOT NULL" for k in keys)
+        key = keys[0] if len(keys) == 1 else f"ROW({', '.join(keys)})"
+        measure = f"SUM({_quote(spec.core_measure)})" if spec.core_measure else "NULL"
+        return (f"COUNT(*), COALESCE(SUM(CASE WHEN {any_null} THEN 1 ELSE 0 END), 0), {measure}, "
+                f"COUNT(DISTINCT {key}) FILTER (WHERE {all_set})")
+
+    def _publish_try(self):
+        """Each try of a pointer switch waits at most the publish lock timeout for a
+        lock (SET LOCAL: this transaction only)."""
+        self.execute(f"SET LOCAL lock_timeout = '{max(1, int(self.publish_lock_timeout_seconds * 1000))}ms'")
+        return contextlib.nullcontext()
+
+    def _attached(self, name: str, table: str) -> bool:
+        return bool(self.query(
+            """SELECT 1 FROM pg_catalog.pg_inherits WHERE inhparent = to_regclass(?) AND inhrelid = to_regclass(?)""",
+            (_quote(name), _quote(table))))
+
+    def _show(self, *, name: str, partition: str, run_id: str, previous_run_id: str | None) -> None:
+        """Detach the previous version, attach this one (its CHECK proves the partition
+        constraint, so nothing is scanned)."""
+        parent = _quote(name)
+        if previous_run_id is not None:
+            old = self._version_table_of(name, previous_run_id)
+            if self._attached(name, old):
+                self.execute(f"ALTER TABLE {parent} DETACH PARTITION {_quote(old)}")
+        self.execute(f"ALTER TABLE {parent} ATTACH PARTITION {_quote(self._version_table_of(name, run_id))} "
+                     f"FOR VALUES IN ({_literal(partition)})")
+
+    def _drop_version(self, *, spec: DatasetSpec, run_id: str) -> int:
+        table = self.version_table(spec, run_id)
+        if not self.table_exists(table):
+            return 0
+        (count,) = self.query(f"SELECT COUNT(*) FROM {_quote(table)}")[0]
+        self.execute(f"DROP TABLE {_quote(table)}")
+        return int(count)
+
+    def _existing_tables(self, tables: Sequence[str]) -> set[str]:
+        if not tables:
+            return set()
+        return {t for (t,) in self.query(
+            "SELECT relname FROM pg_catalog.pg_class WHERE relname = ANY(?) AND relkind = 'r'"
+            " AND pg_catalog.pg_table_is_visible(oid)", (list(tables),))}
+
+    def _pinned_sql(self, *, spec: DatasetSpec, pins: dict[str, str]) -> str:
+        """The pinned versions' own tables, UNION ALL: what a downstream run reads does
+        not depend on what is attached. A pin names its partition too: another
+        partition's version contributes nothing (its CHECK excludes it at planning)."""
+        columns = ", ".join(_quote(name) for name in spec.column_names)
+        tables = {run_id: self.version_table(spec, run_id) for run_id in pins.values()}
+        existing = self._existing_tables(list(tables.values()))
+        parts = []
+        for partition, run_id in sorted(pins.items()):
+            literal = _literal(partition)
+            _literal(run_id)  # refused like a rendered value, though only its hash is rendered
+            if tables[run_id] in existing:
+                parts.append(f'SELECT {columns} FROM {_quote(tables[run_id])} WHERE "_partition" = {literal}')
+        if not parts:
+            return f"(SELECT {columns} FROM {_quote(spec.name)} WHERE 1 = 0)"
+        return "(" + " UNION ALL ".join(parts) + ")"
+
+    def _runs_source(self, spec: DatasetSpec, run_ids: Sequence[str]) -> str:
+        columns = ", ".join(_quote(name) for name in (*spec.column_names, "_run_id"))
+        tables = [self.version_table(spec, run_id) for run_id in run_ids]
+        existing = self._existing_tables(tables)
+        parts = [f'SELECT {columns} FROM {_quote(t if t in existing else spec.name)} WHERE "_run_id" = ?'
+                 + ("" if t in existing else " AND false") for t in tables]
+        return "(" + " UNION ALL ".join(parts) + ")"
+
+    def upgrade_layout(self, spec: DatasetSpec) -> dict[str, Any]:
+        """From the view layout (`<name>` a view over `<name>__versions` joined to the
+        pointer), or a reader table partitioned on another column than the catalog now
+        names, to this one, in one transaction: every committed version gets its own
+        table (with its CHECK and indexes), the published ones are attached, the
+        markers, pointers and history stay as they are; the old heap goes."""
+        self._ensure_meta_once()
+        kind = self._relation_kind(spec.name)
+        key = self._partition_key_of(spec.name)
+        if kind is None or (kind == "table" and key == spec.partition_key_column):
+            return {}
+        with self.transaction():
+            self._lock(f"dataset:{spec.name}")
+            self._ready.discard(spec)
+            runs = self.query('SELECT "run_id", "partition" FROM "_bf_markers" WHERE "dataset" = ? ORDER BY "run_id"',
+                              (spec.name,))
+            current = dict(self.query('SELECT "partition", "run_id" FROM "_bf_current" WHERE "dataset" = ?',
+                                      (spec.name,)))
+            if kind == "view":
+                heap = spec.versions_table
+                self.execute(f"DROP VIEW {_quote(spec.name)}")
+            else:  # partitioned on another column: the versions move to new tables too
+                heap = f"{spec.name}__upgrading"
+                self.execute(f"ALTER TABLE {_quote(spec.name)} RENAME TO {_quote(heap)}")
+                for run_id, _ in runs:
+                    table = self._version_table_of(spec.name, run_id)
+                    if self.table_exists(table):
+                        self.execute(f"ALTER TABLE {_quote(table)} RENAME TO {_quote(table + '_old')}")
+            stored = self._columns_of(heap)
+            columns = [f"{_quote(c)} {t}" for c, t in stored.items() if c not in BOOKKEEPING_COLUMNS]
+            columns += ['"_run_id" text NOT NULL', '"_partition" text NOT NULL', '"_attempt" integer']
+            self.execute(f"CREATE TABLE {_quote(spec.name)} ({', '.join(columns)}) "
+                         f"PARTITION BY LIST ({_quote(spec.partition_key_column)})")
+            self._build_dataset(spec)
+            names = [c for c in self._columns_of(spec.name)]
+            listed = ", ".join(_quote(c) for c in names)
+            for run_id, partition in runs:
+                table = self._version_table_of(spec.name, run_id)
+                source = (_quote(heap) if kind == "view" else _quote(table + "_old"))
+                self._create_version_table(spec, table, partition)
+                if kind == "view" or self.table_exists(table + "_old"):
+                    self.execute(f'INSERT INTO {_quote(table)} ({listed}) SELECT {listed} FROM {source} '
+                                 f'WHERE "_run_id" = ?', (run_id,))
+                self._finish_version(spec=spec, run_id=run_id, partition=partition)
+                if kind != "view" and self.table_exists(table + "_old"):
+                    self.execute(f"DROP TABLE {_quote(table + '_old')}")
+            for partition, run_id in current.items():
+                self.execute(f"ALTER TABLE {_quote(spec.name)} ATTACH PARTITION "
+                             f"{_quote(self._version_table_of(spec.name, run_id))} FOR VALUES IN ({_literal(partition)})")
+            self.execute(f"DROP TABLE {_quote(heap)}" + (" CASCADE" if kind != "view" else ""))
+        self._ready.add(spec)
+        return {"versions": len(runs), "published": len(current)}
+
     # -- numbers and fingerprint ------------------------------------------------------
 
     def _numbers_and_fingerprint(self, spec: DatasetSpec, run_id: str) -> tuple[VersionNumbers, str]:
         """Both at commit, in one pass over the run's rows."""
-        run_rows = f'{_quote(spec.versions_table)} WHERE "_run_id" = ?'
+        run_rows = f'{_quote(self._stored_table(spec, run_id))} WHERE "_run_id" = ?'
         row = self.query(
             f"""SELECT {self._numbers_sql(spec, run_rows)}, {self._hash_lanes_sql()}
             FROM (SELECT *, {self._row_hash_sql(spec)} AS h FROM {run_rows} OFFSET 0) AS r""",
@@ -198,7 +496,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
     def _fingerprint(self, spec: DatasetSpec, run_id: str) -> str:
         high, low = self.query(
             f"""SELECT {self._hash_lanes_sql()} FROM (
-                SELECT {self._row_hash_sql(spec)} AS h FROM {_quote(spec.versions_table)}
+                SELECT {self._row_hash_sql(spec)} AS h FROM {_quote(self._stored_table(spec, run_id))}
                 WHERE "_run_id" = ? OFFSET 0) AS r""",
             (run_id,),
         )[0]

@@ -1,21 +1,33 @@
 """What the SQL backends share: isolated versions, commit markers, the publication
 pointer, in one database reached through a DB-API driver.
 
-Layout, the same in every SQL backend:
+Layout. The bookkeeping is the same in every SQL backend:
 
-    <dataset>__versions   every run's rows, tagged `_run_id`, `_partition`, `_attempt`.
-                          Writing here changes nothing a reader sees.
-    <dataset>             the reader VIEW: the versions joined to `_bf_current`, i.e.
-                          exactly the published version of each partition.
     _bf_current           the pointer (dataset, partition) -> run_id. Moving it is the
                           only way data becomes visible (DESIGN invariant 2).
     _bf_publications      the history of pointer moves, `publish` and `rollback`.
     _bf_markers           one commit marker per run, written in the same transaction
                           as the run's rows (invariant 4).
 
-Why a view over a pointer: a publish is then a single-row UPDATE, so any one SELECT on
-the view sees either the whole old version or the whole new one, never an empty or
-half-written partition; and a rollback is the same UPDATE pointing back.
+and `<dataset>` is a real table to readers, holding exactly the published version of
+each partition, with the dataset's declared indexes (issue #15: readers pay nothing
+for the safety). Where the versions live, and how a pointer move changes what
+`<dataset>` holds, is the engine's:
+
+    SQLite (this module's default): every run's rows in `<dataset>__versions`, tagged
+        `_run_id`, `_partition`, `_attempt`; `<dataset>` is a current table whose
+        partition's rows are replaced by the published version's in the pointer's
+        transaction.
+    PostgreSQL: one table per version, `<dataset>__v<hash of the run id>`, with a
+        validated CHECK that it holds one partition; `<dataset>` is partitioned by LIST
+        on the partition key and its attached partitions are exactly the published
+        versions; the pointer's transaction detaches the old one and attaches the new.
+
+Either way the pointer's compare-and-set and the change readers see commit together,
+so any one SELECT sees the whole old version or the whole new one, never an empty or
+half-written partition; a rollback is the same move pointing back. A warehouse of the
+earlier layout (`<dataset>` a view joining `<dataset>__versions` to `_bf_current`) is
+converted by `upgrade_layout` (`manage.py upgrade_warehouse_layout`).
 
 Staging is one transaction: a crash anywhere before the marker leaves nothing behind,
 and a marker proves the rows are complete. Callers retry with `marker()` first:
@@ -35,6 +47,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
+import hashlib
 import logging
 import threading
 import time
@@ -59,6 +72,7 @@ from backfill_portal.backends.base import (
     VersionNotCommitted,
     VersionNumbers,
     WarehouseBackend,
+    WarehouseLockTimeout,
     WarehouseUnavailable,
     identifier,
     rounded_measure,
@@ -104,6 +118,13 @@ def _chunks(items: list[str], size: int = CHUNK) -> Iterable[list[str]]:
         yield items[i:i + size]
 
 
+def _index_name(table: str, columns: Sequence[str]) -> str:
+    """A declared index's name on `table`: index names share one namespace (a schema,
+    a database file), and `<table>_<columns>` could pass 63 bytes."""
+    digest = hashlib.blake2b(f"{table}({','.join(columns)})".encode(), digest_size=10).hexdigest()
+    return f"bfi_{digest}"
+
+
 class SqlWarehouse(WarehouseBackend):
     """A warehouse in one SQL database. Stateless apart from caching which tables it
     has already ensured; safe to share between threads (one connection per thread)."""
@@ -118,13 +139,16 @@ class SqlWarehouse(WarehouseBackend):
     #: the driver takes Decimal, date and bool as they are (else: float, ISO text, 0/1).
     NATIVE_VALUES = False
 
-    def __init__(self, url: str, *, lock_timeout_seconds: int = 0, idle_in_transaction_timeout_seconds: int = 0):
+    def __init__(self, url: str, *, lock_timeout_seconds: int = 0, idle_in_transaction_timeout_seconds: int = 0,
+                 publish_lock_timeout_seconds: float = 1.0, publish_wait_seconds: float = 300.0):
         """Database sessions get both timeouts where the engine has them (0: the
         server's default, none): no statement waits on a lock for ever, and a session
         left open in a transaction by a frozen or vanished client is ended by the
         server, releasing its locks."""
         super().__init__(url, lock_timeout_seconds=lock_timeout_seconds,
-                         idle_in_transaction_timeout_seconds=idle_in_transaction_timeout_seconds)
+                         idle_in_transaction_timeout_seconds=idle_in_transaction_timeout_seconds,
+                         publish_lock_timeout_seconds=publish_lock_timeout_seconds,
+                         publish_wait_seconds=publish_wait_seconds)
         self.target = self.target_of(url)
         self._local = threading.local()
         self._wrappers: list[Callable] = []
@@ -410,66 +434,231 @@ class SqlWarehouse(WarehouseBackend):
         return [name for name in _MARKER_NUMBERS if present and name not in present]
 
     def ensure_dataset(self, spec: DatasetSpec) -> None:
-        """Create or evolve `<name>__versions` and the reader view `<name>`. Idempotent.
+        """Create or evolve the dataset's storage and its reader table `<name>`.
+        Idempotent; read-only when nothing is missing, as for ensure_meta.
 
         Columns are only ever added, never dropped or retyped: old versions must stay
-        readable for rollback. The view shows every data column of the versions table
-        (which is the declared columns unless a column was removed from the catalog),
-        so two processes running an older and a newer spec during a deploy agree on it
-        instead of recreating it back and forth.
+        readable for rollback. The reader table has every data column the versions
+        have (the declared columns unless a column was removed from the catalog), so
+        two processes running an older and a newer spec during a deploy agree on it
+        instead of changing it back and forth.
         """
         self._ensure_meta_once()
-        if self._dataset_is_ready(spec):  # read-only, as for ensure_meta
+        if self._dataset_is_ready(spec):
             self._ready.add(spec)
             return
-        table = spec.versions_table
         with self.transaction():
             self._lock(f"dataset:{spec.name}")
-            if self._relation_kind(spec.name) == "table":
-                raise ValidationError(
-                    f"a table named {spec.name!r} already exists; the reader view needs that name",
-                    field="dataset",
-                )
-            present = self._columns_of(table)
-            if not present:
-                columns = [f"{_quote(c.name)} {self._physical(c.type)}" for c in spec.columns]
-                columns += ['"_run_id" TEXT NOT NULL', '"_partition" TEXT NOT NULL', '"_attempt" INTEGER']
-                self.execute(f"CREATE TABLE {_quote(table)} ({', '.join(columns)})")
-            else:
-                for col in spec.columns:
-                    if col.name not in present:
-                        self.execute(
-                            f"ALTER TABLE {_quote(table)} ADD COLUMN {_quote(col.name)} {self._physical(col.type)}"
-                        )
-                    elif present[col.name].lower() != self._physical(col.type).lower():
-                        raise ValidationError(
-                            f"{spec.name}.{col.name} is stored as {present[col.name]!r} but declared {col.type!r};"
-                            " changing a column's type needs a migration",
-                            field="columns",
-                        )
-            # One index, on the run: a run writes one partition, so readers reach a
-            # partition's rows through the pointer's run id too. Every index is paid for
-            # by every staging INSERT, and a second one on (_partition, _run_id) would
-            # serve no query the first does not.
-            self.execute(f"CREATE INDEX IF NOT EXISTS {_quote(table + '_run')} ON {_quote(table)} (\"_run_id\")")
-
-            data_columns = self._data_columns(table)
-            if list(self._columns_of(spec.name)) != data_columns + ["_partition", "_run_id"]:
-                selected = ", ".join(f"v.{_quote(name)}" for name in data_columns)
-                # DROP + CREATE rather than CREATE OR REPLACE: PostgreSQL only lets a
-                # replaced view append columns, and ours end with _partition, _run_id.
-                self.execute(f"DROP VIEW IF EXISTS {_quote(spec.name)}")
-                self.execute(
-                    f"""CREATE VIEW {_quote(spec.name)} AS
-                    SELECT {selected}, v."_partition", v."_run_id"
-                    FROM {_quote(table)} AS v
-                    JOIN "_bf_current" AS c
-                      ON c."dataset" = {_literal(spec.name)}
-                     AND c."partition" = v."_partition"
-                     AND c."run_id" = v."_run_id"
-                    """
-                )
+            self._refuse_foreign_relation(spec)
+            self._build_dataset(spec)
         self._ready.add(spec)
+
+    def _refuse_foreign_relation(self, spec: DatasetSpec) -> None:
+        """`<name>` must be ours: absent, or the reader table (an older layout's view
+        is converted by the upgrade command, not behind the operator's back)."""
+        kind = self._relation_kind(spec.name)
+        if kind == "view":
+            raise ValidationError(
+                f"{spec.name!r} is a view of the earlier warehouse layout; convert the warehouse with "
+                "`manage.py upgrade_warehouse_layout` first",
+                field="dataset",
+            )
+        if kind is not None and not {"_run_id", "_partition"} <= set(self._columns_of(spec.name)):
+            raise ValidationError(
+                f"a table named {spec.name!r} already exists; the reader table needs that name",
+                field="dataset",
+            )
+
+    def _evolve_columns(self, spec: DatasetSpec, table: str, present: dict[str, str]) -> None:
+        """Add the declared columns `table` lacks; refuse a retyped one."""
+        for col in spec.columns:
+            if col.name not in present:
+                self.execute(f"ALTER TABLE {_quote(table)} ADD COLUMN {_quote(col.name)} {self._physical(col.type)}")
+            elif present[col.name].lower() != self._physical(col.type).lower():
+                raise ValidationError(
+                    f"{spec.name}.{col.name} is stored as {present[col.name]!r} but declared {col.type!r};"
+                    " changing a column's type needs a migration",
+                    field="columns",
+                )
+
+    def _reader_indexes(self, spec: DatasetSpec) -> list[tuple[str, ...]]:
+        """The indexes of the reader table: the partition (a publish replaces one) and
+        the declared ones."""
+        return list(dict.fromkeys([("_partition",), *spec.indexes]))
+
+    def _build_dataset(self, spec: DatasetSpec) -> None:
+        """The versions table `<name>__versions` (one index, on the run: a run writes
+        one partition, and every index is paid for by every staging INSERT) and the
+        current table `<name>` with its indexes."""
+        table = spec.versions_table
+        present = self._columns_of(table)
+        if not present:
+            columns = [f"{_quote(c.name)} {self._physical(c.type)}" for c in spec.columns]
+            columns += ['"_run_id" TEXT NOT NULL', '"_partition" TEXT NOT NULL', '"_attempt" INTEGER']
+            self.execute(f"CREATE TABLE {_quote(table)} ({', '.join(columns)})")
+        else:
+            self._evolve_columns(spec, table, present)
+        self.execute(f"CREATE INDEX IF NOT EXISTS {_quote(table + '_run')} ON {_quote(table)} (\"_run_id\")")
+        stored = {name: kind for name, kind in self._columns_of(table).items() if name not in BOOKKEEPING_COLUMNS}
+        current = self._columns_of(spec.name)
+        if not current:
+            columns = [f"{_quote(name)} {kind}" for name, kind in stored.items()]
+            columns += ['"_partition" TEXT NOT NULL', '"_run_id" TEXT NOT NULL']
+            self.execute(f"CREATE TABLE {_quote(spec.name)} ({', '.join(columns)})")
+        else:
+            for name, kind in stored.items():
+                if name not in current:
+                    self.execute(f"ALTER TABLE {_quote(spec.name)} ADD COLUMN {_quote(name)} {kind}")
+        for columns in self._reader_indexes(spec):
+            self.execute(f"CREATE INDEX IF NOT EXISTS {_quote(_index_name(spec.name, columns))} "
+                         f"ON {_quote(spec.name)} ({', '.join(_quote(c) for c in columns)})")
+
+    def _dataset_is_ready(self, spec: DatasetSpec) -> bool:
+        """Whether the versions table has every declared column with its type, the
+        reader table every data column of the versions, and every index exists."""
+        present = self._columns_of(spec.versions_table)
+        if any(present.get(c.name, "").lower() != self._physical(c.type).lower() for c in spec.columns):
+            return False
+        data_columns = {name for name in present if name not in BOOKKEEPING_COLUMNS}
+        if set(self._columns_of(spec.name)) != data_columns | {"_partition", "_run_id"}:
+            return False
+        wanted = {_index_name(spec.name, columns) for columns in self._reader_indexes(spec)}
+        return wanted <= self._index_names(spec.name)
+
+    def _index_names(self, table: str) -> set[str]:
+        """The names of `table`'s indexes."""
+        return {name for (name,) in self.query(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?", (table,))}
+
+    # -- where a version lives (SQLite's layout here; PostgreSQL overrides) -------------
+
+    def version_table(self, spec: DatasetSpec, run_id: str) -> str:
+        """The table holding `run_id`'s rows of `spec` (committed or not), each tagged
+        with its `_run_id`: what tests and maintenance read a version's storage through."""
+        return spec.versions_table
+
+    def _stored_table(self, spec: DatasetSpec, run_id: str) -> str:
+        """`version_table`, or a table of the dataset's where `_run_id = run_id` finds
+        no rows if the version has no table of its own."""
+        return self.version_table(spec, run_id)
+
+    def _prepare_version(self, *, spec: DatasetSpec, run_id: str, partition: str) -> None:
+        """Before a run's rows are written: without a marker, any row under this run_id
+        is a dead attempt's partial output, and a run writes one partition, so all of
+        them go."""
+        self.execute(f'DELETE FROM {_quote(spec.versions_table)} WHERE "_run_id" = ?', (run_id,))
+
+    def _finish_version(self, *, spec: DatasetSpec, run_id: str, partition: str) -> None:
+        """After a run's rows are written, before its marker: a row whose partition
+        column is not the version's partition is refused (readers filter on it)."""
+        if not spec.partition_column:
+            return
+        column = _quote(spec.partition_column)
+        wrong = self.query(
+            f'SELECT {column} FROM {_quote(spec.versions_table)} WHERE "_run_id" = ? '
+            f"AND ({column} IS NULL OR {column} <> ?) LIMIT 1", (run_id, partition))
+        if wrong:
+            raise ValidationError(
+                f"{spec.name}.{spec.partition_column}: a row holds {wrong[0][0]!r}, not its partition {partition!r}",
+                field=spec.partition_column,
+            )
+
+    def _insert_select(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
+                       select_sql: str, params: Sequence) -> tuple[VersionNumbers, str] | None:
+        """Write the SELECT's rows as the run's version; the numbers and fingerprint if
+        the same statement computed them (None: the marker counts them after)."""
+        columns = ", ".join(_quote(name) for name in (*spec.column_names, *BOOKKEEPING_COLUMNS))
+        selected = ", ".join(f"q.{_quote(name)}" for name in spec.column_names)
+        # The three run placeholders come first in the text, so first in the params.
+        self.execute(
+            f"INSERT INTO {_quote(self.version_table(spec, run_id))} ({columns}) "
+            f"SELECT {selected}, CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS INTEGER) "
+            f"FROM ({select_sql}) AS q",
+            (run_id, partition, attempt_no, *params))
+        return None
+
+    def _show(self, *, name: str, partition: str, run_id: str, previous_run_id: str | None) -> None:
+        """Inside the pointer's transaction, after its compare-and-set: make `<name>`
+        hold `run_id`'s rows for `partition` instead of `previous_run_id`'s. Here: the
+        current table's rows of the partition are replaced by the version's."""
+        columns = ", ".join(_quote(c) for c in self._columns_of(name))
+        self.execute(f'DELETE FROM {_quote(name)} WHERE "_partition" = ?', (partition,))
+        self.execute(f'INSERT INTO {_quote(name)} ({columns}) SELECT {columns} '
+                     f'FROM {_quote(name + "__versions")} WHERE "_run_id" = ?', (run_id,))
+
+    def _drop_version(self, *, spec: DatasetSpec, run_id: str) -> int:
+        """Delete a version's rows (it is current nowhere); the rows deleted."""
+        return self.execute(f'DELETE FROM {_quote(spec.versions_table)} WHERE "_run_id" = ?', (run_id,))
+
+    def _pinned_sql(self, *, spec: DatasetSpec, pins: dict[str, str]) -> str:
+        """`ref_sql` for at least one pin."""
+        columns = ", ".join(_quote(name) for name in spec.column_names)
+        # Sorted so the rendered SQL, which may be hashed or logged, is deterministic.
+        matches = " OR ".join(
+            f'("_partition" = {_literal(partition)} AND "_run_id" = {_literal(run_id)})'
+            for partition, run_id in sorted(pins.items())
+        )
+        return f"(SELECT {columns} FROM {_quote(spec.versions_table)} WHERE {matches})"
+
+    def _runs_source(self, spec: DatasetSpec, run_ids: Sequence[str]) -> str:
+        """A subquery over the rows of `run_ids` (one `?` per id, bound in order), with
+        the declared columns and `_run_id`."""
+        columns = ", ".join(_quote(name) for name in (*spec.column_names, "_run_id"))
+        return (f"(SELECT {columns} FROM {_quote(spec.versions_table)} "
+                f"WHERE \"_run_id\" IN ({', '.join('?' * len(run_ids))}))")
+
+    def _publish_try(self):
+        """A context manager around one try of a pointer switch, inside its
+        transaction (an engine bounds its lock waits there)."""
+        return contextlib.nullcontext()
+
+    def _with_publish_retry(self, work: Callable[[], Any]) -> Any:
+        """`work()` in a transaction of its own, tried again while it meets a lock that
+        readers hold (WarehouseLockTimeout), for up to `publish_wait_seconds`. Each try
+        gives its locks back before the next, so readers queued behind it run in
+        between. Inside a caller's transaction it is tried once (a part of a
+        transaction cannot be tried again alone)."""
+        if getattr(self._local, "depth", 0):
+            return work()
+        deadline = time.monotonic() + self.publish_wait_seconds
+        pause = 0.05
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                with self.transaction(), self._publish_try():
+                    return work()
+            except WarehouseLockTimeout:
+                if time.monotonic() + pause > deadline:
+                    raise
+                logger.info("a pointer switch waited %.1fs for readers' locks (try %d); trying again",
+                            self.publish_lock_timeout_seconds, tries)
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+
+    def upgrade_layout(self, spec: DatasetSpec) -> dict[str, Any]:
+        """The earlier layout had `<name>` as a view over `<name>__versions` joined to
+        the pointer. Here the versions table stays as it is; the view becomes the
+        current table, filled with the published rows, with its indexes."""
+        self._ensure_meta_once()
+        if self._relation_kind(spec.name) != "view":
+            return {}
+        with self.transaction():
+            self._lock(f"dataset:{spec.name}")
+            if self._relation_kind(spec.name) != "view":
+                return {}
+            self.execute(f"DROP VIEW {_quote(spec.name)}")
+            self._ready.discard(spec)
+            self._build_dataset(spec)
+            names = list(self._columns_of(spec.name))
+            published = self.execute(
+                f"INSERT INTO {_quote(spec.name)} ({', '.join(_quote(c) for c in names)}) "
+                f"SELECT {', '.join('v.' + _quote(c) for c in names)} FROM {_quote(spec.versions_table)} AS v "
+                'JOIN "_bf_current" AS c ON c."dataset" = ? AND c."partition" = v."_partition" '
+                'AND c."run_id" = v."_run_id"', (spec.name,))
+            (versions,) = self.query('SELECT COUNT(*) FROM "_bf_markers" WHERE "dataset" = ?', (spec.name,))[0]
+        self._ready.add(spec)
+        return {"versions": int(versions), "published_rows": published}
 
     # -- staging --------------------------------------------------------------------
 
@@ -485,7 +674,8 @@ class SqlWarehouse(WarehouseBackend):
            in memory whole, and at least every FLUSH_SECONDS while rows come slowly,
            so that a healthy transaction is never idle for long (the server ends
            sessions idle in a transaction past WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT);
-        4. count and fingerprint the run's rows;
+        4. count and fingerprint the run's rows (and refuse a row whose partition
+           column is not the run's partition);
         5. insert the marker.
         Anything raised (including from `rows`) rolls all of it back.
         """
@@ -497,8 +687,9 @@ class SqlWarehouse(WarehouseBackend):
         width = len(converters)
         tail = (run_id, partition, attempt_no)
         columns = [_quote(name) for name in (*spec.column_names, *BOOKKEEPING_COLUMNS)]
+        target = _quote(self.version_table(spec, run_id))
         with self.transaction():
-            self._begin_stage(spec=spec, run_id=run_id, take_over=take_over)
+            self._begin_stage(spec=spec, run_id=run_id, partition=partition, take_over=take_over)
             batch: list[tuple] = []
             flush_at = time.monotonic() + FLUSH_SECONDS
             for row in rows:
@@ -508,31 +699,29 @@ class SqlWarehouse(WarehouseBackend):
                     )
                 batch.append(self._convert_row(spec, converters, row) + tail)
                 if len(batch) >= chunk_size or time.monotonic() >= flush_at:
-                    self.bulk_insert(_quote(spec.versions_table), columns, batch)
+                    self.bulk_insert(target, columns, batch)
                     batch = []
                     flush_at = time.monotonic() + FLUSH_SECONDS
-            self.bulk_insert(_quote(spec.versions_table), columns, batch)
+            self.bulk_insert(target, columns, batch)
+            self._finish_version(spec=spec, run_id=run_id, partition=partition)
             return self._commit_marker(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition)
 
     def stage_select(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
                      select_sql: str, params: Sequence = (), take_over: bool = False) -> Marker:
         """Like `stage_rows`, but the rows come from a SELECT run inside the warehouse.
         Its output columns must carry the declared column names; extra ones are ignored.
-        `select_sql` uses `?` placeholders, bound from `params`."""
+        `select_sql` uses `?` placeholders, bound from `params`. Where the engine can,
+        the statement that writes the rows also returns their numbers and fingerprint
+        (one pass over them, in the staging transaction)."""
         self._check_run(run_id=run_id, attempt_no=attempt_no, partition=partition)
         self._ensure_dataset_once(spec)
-        columns = ", ".join(_quote(name) for name in (*spec.column_names, *BOOKKEEPING_COLUMNS))
-        selected = ", ".join(f"q.{_quote(name)}" for name in spec.column_names)
-        # The three run placeholders come first in the text, so first in the params.
-        statement = (
-            f"INSERT INTO {_quote(spec.versions_table)} ({columns}) "
-            f"SELECT {selected}, CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS INTEGER) "
-            f"FROM ({select_sql}) AS q"
-        )
         with self.transaction():
-            self._begin_stage(spec=spec, run_id=run_id, take_over=take_over)
-            self.execute(statement, (run_id, partition, attempt_no, *params))
-            return self._commit_marker(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition)
+            self._begin_stage(spec=spec, run_id=run_id, partition=partition, take_over=take_over)
+            taken = self._insert_select(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition,
+                                        select_sql=select_sql, params=params)
+            self._finish_version(spec=spec, run_id=run_id, partition=partition)
+            return self._commit_marker(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition,
+                                       taken=taken)
 
     def marker(self, run_id: str) -> Marker | None:
         self._ensure_meta_once()
@@ -548,7 +737,7 @@ class SqlWarehouse(WarehouseBackend):
         self._ensure_dataset_once(spec)
         marker = self._marker(run_id)
         numbers = (marker.numbers_for(spec) if marker else None) or self._numbers(spec, run_id)
-        present = self._columns_of(spec.versions_table)
+        present = self._columns_of(self._stored_table(spec, run_id))
         columns = []
         for name, physical in present.items():
             if name in BOOKKEEPING_COLUMNS:
@@ -586,7 +775,12 @@ class SqlWarehouse(WarehouseBackend):
         2. compare-and-set the pointer: expected None inserts only if there is no
            pointer yet, otherwise the UPDATE matches only the expected run. No row
            changed means someone else moved it: PublishConflict, nothing written;
-        3. append the history row.
+        3. make the reader table show the version instead of the expected one
+           (`_show`: the engine's layout);
+        4. append the history row.
+        A lock readers hold past the publish lock timeout rolls the try back and the
+        whole transaction is tried again (`_with_publish_retry`), so a long reader
+        delays the publish instead of queueing every later reader behind it.
         """
         name = spec_or_name.name if isinstance(spec_or_name, DatasetSpec) else spec_or_name
         identifier(name, what="dataset", max_length=MAX_DATASET_NAME)
@@ -597,42 +791,49 @@ class SqlWarehouse(WarehouseBackend):
         if expected_run_id == run_id:
             raise ValidationError(f"{name}/{partition}: {run_id!r} is already the expected current version")
         self._ensure_meta_once()
+        return self._with_publish_retry(lambda: self._move_pointer(
+            name=name, partition=partition, run_id=run_id, expected_run_id=expected_run_id, actor=actor,
+            action=action))
+
+    def _move_pointer(self, *, name: str, partition: str, run_id: str, expected_run_id: str | None, actor: str,
+                      action: str) -> PublicationRecord:
+        """`publish`'s steps, inside the caller's transaction."""
         now = _now()
-        with self.transaction():
-            marker = self._marker(run_id, lock=True)
-            if marker is None or (marker.dataset, marker.partition) != (name, partition):
-                raise VersionNotCommitted(f"run {run_id!r} has no committed version of {name}/{partition}")
-            if action == "rollback" and not self.query(
-                'SELECT 1 FROM "_bf_publications" WHERE "dataset" = ? AND "partition" = ? AND "run_id" = ?',
-                (name, partition, run_id),
-            ):
-                raise VersionNotCommitted(
-                    f"run {run_id!r} was never published for {name}/{partition}; only a publish can show it"
-                )
-            if expected_run_id is None:
-                changed = self.execute(
-                    """INSERT INTO "_bf_current" ("dataset", "partition", "run_id", "published_at")
-                    VALUES (?, ?, ?, ?) ON CONFLICT ("dataset", "partition") DO NOTHING""",
-                    (name, partition, run_id, self.ts(now)),
-                )
-            else:
-                changed = self.execute(
-                    """UPDATE "_bf_current" SET "run_id" = ?, "published_at" = ?
-                    WHERE "dataset" = ? AND "partition" = ? AND "run_id" = ?""",
-                    (run_id, self.ts(now), name, partition, expected_run_id),
-                )
-            if changed != 1:
-                raise PublishConflict(
-                    dataset=name, partition=partition, run_id=run_id,
-                    expected_run_id=expected_run_id, current_run_id=self._current(name, partition),
-                )
-            (record_id,) = self.query(
-                """INSERT INTO "_bf_publications"
-                ("dataset", "partition", "run_id", "previous_run_id", "action", "actor", "published_at")
-                VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING "id"
-                """,
-                (name, partition, run_id, expected_run_id, action, actor, self.ts(now)),
-            )[0]
+        marker = self._marker(run_id, lock=True)
+        if marker is None or (marker.dataset, marker.partition) != (name, partition):
+            raise VersionNotCommitted(f"run {run_id!r} has no committed version of {name}/{partition}")
+        if action == "rollback" and not self.query(
+            'SELECT 1 FROM "_bf_publications" WHERE "dataset" = ? AND "partition" = ? AND "run_id" = ?',
+            (name, partition, run_id),
+        ):
+            raise VersionNotCommitted(
+                f"run {run_id!r} was never published for {name}/{partition}; only a publish can show it"
+            )
+        if expected_run_id is None:
+            changed = self.execute(
+                """INSERT INTO "_bf_current" ("dataset", "partition", "run_id", "published_at")
+                VALUES (?, ?, ?, ?) ON CONFLICT ("dataset", "partition") DO NOTHING""",
+                (name, partition, run_id, self.ts(now)),
+            )
+        else:
+            changed = self.execute(
+                """UPDATE "_bf_current" SET "run_id" = ?, "published_at" = ?
+                WHERE "dataset" = ? AND "partition" = ? AND "run_id" = ?""",
+                (run_id, self.ts(now), name, partition, expected_run_id),
+            )
+        if changed != 1:
+            raise PublishConflict(
+                dataset=name, partition=partition, run_id=run_id,
+                expected_run_id=expected_run_id, current_run_id=self._current(name, partition),
+            )
+        self._show(name=name, partition=partition, run_id=run_id, previous_run_id=expected_run_id)
+        (record_id,) = self.query(
+            """INSERT INTO "_bf_publications"
+            ("dataset", "partition", "run_id", "previous_run_id", "action", "actor", "published_at")
+            VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING "id"
+            """,
+            (name, partition, run_id, expected_run_id, action, actor, self.ts(now)),
+        )[0]
         return PublicationRecord(
             id=int(record_id), dataset=name, partition=partition, run_id=run_id,
             previous_run_id=expected_run_id, action=action, actor=actor, published_at=now,
@@ -641,9 +842,10 @@ class SqlWarehouse(WarehouseBackend):
     def rollback_many(self, moves: Sequence[PointerMove], *, actor: str) -> list[PublicationRecord]:
         """In one warehouse transaction, each move's compare-and-set: one lost race
         rolls all of them back."""
-        with self.transaction():
-            return [self.rollback(name=m.name, partition=m.partition, to_run_id=m.to_run_id,
-                                  expected_run_id=m.expected_run_id, actor=actor) for m in moves]
+        self._ensure_meta_once()
+        return self._with_publish_retry(lambda: [
+            self.rollback(name=m.name, partition=m.partition, to_run_id=m.to_run_id,
+                          expected_run_id=m.expected_run_id, actor=actor) for m in moves])
 
     def current(self, name: str, partition: str) -> str | None:
         self._ensure_meta_once()
@@ -695,12 +897,12 @@ class SqlWarehouse(WarehouseBackend):
             if visible:
                 where = ", ".join(f"{d}/{p}" for d, p in visible)
                 raise PurgeRefused(f"run {run_id!r} is the current version of {where}; it cannot be purged")
-            return self.execute(f'DELETE FROM {_quote(spec.versions_table)} WHERE "_run_id" = ?', (run_id,))
+            return self._drop_version(spec=spec, run_id=run_id)
 
     # -- reading ----------------------------------------------------------------------
 
     def read_partition(self, name: str, partition: str) -> list[dict]:
-        """The published rows of one partition, through the reader view, as readers
+        """The published rows of one partition, from the reader table, as readers
         see them (one statement, so one consistent version). Unordered."""
         identifier(name, what="dataset", max_length=MAX_DATASET_NAME)
         return self.query_dicts(f'SELECT * FROM {_quote(name)} WHERE "_partition" = ?', (partition,))
@@ -711,17 +913,11 @@ class SqlWarehouse(WarehouseBackend):
         reader view, so what it reads cannot change under it when someone publishes.
         No pins: the right columns and no rows (the table is created if nothing was ever
         staged into it, as for a depends_on_past job's first partition)."""
-        columns = ", ".join(_quote(name) for name in spec.column_names)
-        table = _quote(spec.versions_table)
         if not pins:
             self._ensure_dataset_once(spec)
-            return f"(SELECT {columns} FROM {table} WHERE 1 = 0)"
-        # Sorted so the rendered SQL, which may be hashed or logged, is deterministic.
-        matches = " OR ".join(
-            f'("_partition" = {_literal(partition)} AND "_run_id" = {_literal(run_id)})'
-            for partition, run_id in sorted(pins.items())
-        )
-        return f"(SELECT {columns} FROM {table} WHERE {matches})"
+            columns = ", ".join(_quote(name) for name in spec.column_names)
+            return f"(SELECT {columns} FROM {_quote(spec.name)} WHERE 1 = 0)"
+        return self._pinned_sql(spec=spec, pins=pins)
 
     def source_sql(self, *, name: str, time_column: str, start: datetime, end: datetime) -> str:
         """A source is a plain table of the warehouse, read by its time column."""
@@ -738,18 +934,6 @@ class SqlWarehouse(WarehouseBackend):
         if spec not in self._ready:
             self.ensure_dataset(spec)
 
-    def _dataset_is_ready(self, spec: DatasetSpec) -> bool:
-        """Whether the versions table has every declared column with its type and the
-        view shows every data column; the indexes come with the table."""
-        present = self._columns_of(spec.versions_table)
-        if any(present.get(c.name, "").lower() != self._physical(c.type).lower() for c in spec.columns):
-            return False
-        data_columns = [name for name in present if name not in BOOKKEEPING_COLUMNS]
-        return list(self._columns_of(spec.name)) == data_columns + ["_partition", "_run_id"]
-
-    def _data_columns(self, table: str) -> list[str]:
-        return [name for name in self._columns_of(table) if name not in BOOKKEEPING_COLUMNS]
-
     def _physical(self, logical: str) -> str:
         return self.PHYSICAL_TYPES[logical]
 
@@ -762,7 +946,7 @@ class SqlWarehouse(WarehouseBackend):
         if not isinstance(attempt_no, int) or attempt_no < 1:
             raise ValidationError("attempt_no must be a positive integer", field="attempt_no")
 
-    def _begin_stage(self, *, spec: DatasetSpec, run_id: str, take_over: bool = False) -> None:
+    def _begin_stage(self, *, spec: DatasetSpec, run_id: str, partition: str, take_over: bool = False) -> None:
         """`take_over`: the caller is the run's only live writer (its attempt started
         after every earlier one ended or was declared lost), so a session still holding
         the run's lock belongs to a dead or frozen earlier attempt: it is ended, which
@@ -773,12 +957,12 @@ class SqlWarehouse(WarehouseBackend):
         existing = self._marker(run_id)
         if existing is not None:
             raise AlreadyCommitted(existing)
-        # Without a marker, any row under this run_id is a dead attempt's partial
-        # output. A run writes one partition, so all of them go.
-        self.execute(f'DELETE FROM {_quote(spec.versions_table)} WHERE "_run_id" = ?', (run_id,))
+        self._prepare_version(spec=spec, run_id=run_id, partition=partition)
 
-    def _commit_marker(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str) -> Marker:
-        numbers, fingerprint = self._numbers_and_fingerprint(spec, run_id)
+    def _commit_marker(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
+                       taken: tuple[VersionNumbers, str] | None = None) -> Marker:
+        """`taken`: the numbers and fingerprint the writing statement returned."""
+        numbers, fingerprint = taken or self._numbers_and_fingerprint(spec, run_id)
         marker = Marker(
             run_id=run_id, attempt_no=attempt_no, dataset=spec.name, partition=partition,
             row_count=numbers.row_count, fingerprint=fingerprint, committed_at=_now(),
@@ -816,7 +1000,7 @@ class SqlWarehouse(WarehouseBackend):
                               distinct_keys=int(distinct_keys), measure_sum=rounded_measure(measure_sum))
 
     def _numbers(self, spec: DatasetSpec, run_id: str) -> VersionNumbers:
-        run_rows = f'{_quote(spec.versions_table)} WHERE "_run_id" = ?'
+        run_rows = f'{_quote(self._stored_table(spec, run_id))} WHERE "_run_id" = ?'
         return self._to_numbers(self.query(
             f"SELECT {self._numbers_sql(spec, run_rows)} FROM {run_rows}", (run_id, run_id))[0])
 
@@ -938,35 +1122,35 @@ class SqlWarehouse(WarehouseBackend):
     # another key or measure than the catalog's now) are counted by grouping on `_run_id`
     # over those runs, a chunk at a time, so the database does one pass per chunk.
 
-    def profile_statements(self, spec: DatasetSpec, count: int) -> list[str]:
-        """The aggregate statements for `count` run ids (`?` placeholders). Public so the
-        benchmark can time exactly the SQL reconciliation needs, bare."""
-        table = _quote(spec.versions_table)
+    def profile_statements(self, spec: DatasetSpec, run_ids: Sequence[str]) -> list[str]:
+        """The aggregate statements over the versions of `run_ids`, each bound with
+        `run_ids` in that order (`?` placeholders). Public so the benchmark can time
+        exactly the SQL reconciliation needs, bare."""
+        source = self._runs_source(spec, run_ids)
         keys = [_quote(k) for k in spec.business_key]
-        marks = ", ".join("?" * count)
         any_null = " OR ".join(f"{k} IS NULL" for k in keys)
         measure = f"SUM({_quote(spec.core_measure)})" if spec.core_measure else "NULL"
         if len(keys) == 1:
             # One key column: COUNT(DISTINCT) ignores NULLs, which is what distinct_keys means.
             return [f"""SELECT "_run_id", COUNT(*), COALESCE(SUM(CASE WHEN {any_null} THEN 1 ELSE 0 END), 0),
                     {measure}, COUNT(DISTINCT {keys[0]})
-                FROM {table} WHERE "_run_id" IN ({marks}) GROUP BY "_run_id\""""]
+                FROM {source} AS v GROUP BY \"_run_id\""""]
         all_set = " AND ".join(f"{k} IS NOT NULL" for k in keys)
         # A composite key needs DISTINCT over the tuple (a || b would confuse 'ab'+'c' and 'a'+'bc').
         return [
             f"""SELECT "_run_id", COUNT(*), COALESCE(SUM(CASE WHEN {any_null} THEN 1 ELSE 0 END), 0), {measure}
-                FROM {table} WHERE "_run_id" IN ({marks}) GROUP BY "_run_id\"""",
+                FROM {source} AS v GROUP BY \"_run_id\"""",
             f"""SELECT "_run_id", COUNT(*) FROM (
-                    SELECT DISTINCT "_run_id", {', '.join(keys)} FROM {table}
-                    WHERE "_run_id" IN ({marks}) AND {all_set}) AS d
-                GROUP BY "_run_id\"""",
+                    SELECT DISTINCT "_run_id", {', '.join(keys)} FROM {source} AS v
+                    WHERE {all_set}) AS d
+                GROUP BY \"_run_id\"""",
         ]
 
-    def measure_statement(self, spec: DatasetSpec, count: int) -> str:
-        """The core-measure sums of `count` run ids (public for the benchmark, as above)."""
-        marks = ", ".join("?" * count)
-        return (f'SELECT "_run_id", SUM({_quote(spec.core_measure)}) FROM {_quote(spec.versions_table)} '
-                f'WHERE "_run_id" IN ({marks}) GROUP BY "_run_id"')
+    def measure_statement(self, spec: DatasetSpec, run_ids: Sequence[str]) -> str:
+        """The core-measure sums of `run_ids` (bound in that order; public for the
+        benchmark, as above)."""
+        return (f'SELECT "_run_id", SUM({_quote(spec.core_measure)}) FROM {self._runs_source(spec, run_ids)} AS v '
+                f'GROUP BY "_run_id"')
 
     def _from_markers(self, spec: DatasetSpec, ids: list[str]) -> tuple[dict[str, VersionNumbers], list[str]]:
         """The numbers the markers hold, and the ids they do not answer for."""
@@ -979,11 +1163,11 @@ class SqlWarehouse(WarehouseBackend):
 
     def profile_many(self, *, spec: DatasetSpec, run_ids: Iterable[str]) -> dict[str, VersionNumbers]:
         ids = sorted({r for r in run_ids if r})
-        if not ids or not self.table_exists(spec.versions_table):
+        if not ids or not self.table_exists(spec.name):
             return {}
         out, ids = self._from_markers(spec, ids)
         for chunk in _chunks(ids):
-            statements = self.profile_statements(spec, len(chunk))
+            statements = self.profile_statements(spec, chunk)
             main = self.query(statements[0], chunk)
             distinct = dict(self.query(statements[1], chunk)) if len(statements) > 1 else None
             for row in main:
@@ -995,11 +1179,11 @@ class SqlWarehouse(WarehouseBackend):
 
     def measure_many(self, *, spec: DatasetSpec, run_ids: Iterable[str]) -> dict[str, float | None]:
         ids = sorted({r for r in run_ids if r})
-        if not ids or not spec.core_measure or not self.table_exists(spec.versions_table):
+        if not ids or not spec.core_measure or not self.table_exists(spec.name):
             return {}
         numbers, ids = self._from_markers(spec, ids)
         out: dict[str, float | None] = {run_id: n.measure_sum for run_id, n in numbers.items()}
         for chunk in _chunks(ids):
-            for run_id, total in self.query(self.measure_statement(spec, len(chunk)), chunk):
+            for run_id, total in self.query(self.measure_statement(spec, chunk), chunk):
                 out[run_id] = rounded_measure(total)
         return out

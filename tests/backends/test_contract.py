@@ -5,9 +5,10 @@ the `backend_url` fixture (docs/extending.md, tests/extending/test_warehouse_bac
 
 These tests are the proof of DESIGN invariants 1-4 at the storage level: reruns are
 identical, readers never see a partial partition, a failed run changes nothing
-visible, and a retry knows where the previous attempt stopped. The ones that write
-the SQL layout directly (`orders__versions`, `_bf_markers`: a partial writer, an
-older marker table) hold for the SQL backends, whose layout is shared.
+visible, and a retry knows where the previous attempt stopped. The ones that reach
+the SQL layout directly (a version's table, `version_table()`, and `_bf_markers`: a
+partial writer, an older marker table) hold for the SQL backends, whose bookkeeping is
+shared.
 """
 from __future__ import annotations
 
@@ -60,9 +61,10 @@ DAY = "2024-03-01"
 NEXT_DAY = "2024-03-02"
 T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)
 # Rows written under a run's id without a marker, as a writer that did not use the
-# staging transaction (or a future chunked-commit path) could leave them.
+# staging transaction (or a future chunked-commit path) could leave them; `{table}`
+# is the run's version table.
 PARTIAL_ROW_INSERT = (
-    'INSERT INTO "orders__versions" ("order_id", "line_no", "_run_id", "_partition", "_attempt")'
+    'INSERT INTO "{table}" ("order_id", "line_no", "_run_id", "_partition", "_attempt")'
     " VALUES (?, ?, ?, ?, ?)"
 )
 
@@ -84,14 +86,28 @@ def order_rows(n: int, *, seed: int = 0) -> list[tuple]:
 
 
 def count_version_rows(wh: WarehouseBackend, run_id: str, spec: DatasetSpec = ORDERS) -> int:
-    return wh.query(f'SELECT COUNT(*) FROM "{spec.versions_table}" WHERE "_run_id" = ?', (run_id,))[0][0]
+    table = wh.version_table(spec, run_id)
+    if not wh.table_exists(table):
+        return 0
+    return wh.query(f'SELECT COUNT(*) FROM "{table}" WHERE "_run_id" = ?', (run_id,))[0][0]
 
 
 def version_rows(wh: WarehouseBackend, run_id: str, spec: DatasetSpec = ORDERS) -> list[tuple]:
     """A version's rows as the driver returns them, in a canonical order."""
     columns = ", ".join(f'"{c}"' for c in spec.column_names)
-    rows = wh.query(f'SELECT {columns} FROM "{spec.versions_table}" WHERE "_run_id" = ?', (run_id,))
+    rows = wh.query(f'SELECT {columns} FROM "{wh.version_table(spec, run_id)}" WHERE "_run_id" = ?', (run_id,))
     return sorted(rows, key=repr)
+
+
+def leave_partial_rows(wh: WarehouseBackend, run_id: str, rows: list[tuple], spec: DatasetSpec = ORDERS) -> None:
+    """Rows under `run_id` without a marker, outside any staging transaction (a table of
+    their own where the backend keeps one per version)."""
+    wh.ensure_dataset(spec)
+    table = wh.version_table(spec, run_id)
+    if not wh.table_exists(table):
+        wh.execute(f'CREATE TABLE "{table}" AS SELECT * FROM "{spec.name}" WHERE 1 = 0')
+    for row in rows:
+        wh.execute(PARTIAL_ROW_INSERT.format(table=table), row)
 
 
 def as_tuples(dicts: list[dict], spec: DatasetSpec = ORDERS) -> list[tuple]:
@@ -276,8 +292,7 @@ def test_staging_a_committed_run_again_raises_already_committed_and_writes_nothi
 
 
 def test_staging_clears_rows_a_dead_attempt_left_outside_a_transaction(wh):
-    wh.ensure_dataset(ORDERS)
-    wh.execute(PARTIAL_ROW_INSERT, ("stale", 1, "run-1", DAY, 1))
+    leave_partial_rows(wh, "run-1", [("stale", 1, "run-1", DAY, 1)])
 
     marker = stage(wh, "run-1", order_rows(10), attempt_no=2)
 
@@ -298,8 +313,8 @@ def test_stage_select_writes_the_select_output_as_the_runs_version(wh):
     assert copy.row_count == 60 and copy.fingerprint == source.fingerprint
     assert version_rows(wh, "run-copy") == version_rows(wh, "run-source")
     assert some.row_count == 20 and some.attempt_no == 2
-    attempts = wh.query('SELECT DISTINCT "_attempt", "_partition" FROM "orders__versions" WHERE "_run_id" = ?',
-                           ("run-some",))
+    attempts = wh.query(f'SELECT DISTINCT "_attempt", "_partition" FROM "{wh.version_table(ORDERS, "run-some")}" '
+                        'WHERE "_run_id" = ?', ("run-some",))
     assert attempts == [(2, DAY)]
 
 
@@ -717,7 +732,7 @@ def test_the_marker_holds_the_numbers_taken_with_the_rows(wh):
     assert marker.numbers_of == "order_id,line_no|amount"
     # Rows changed behind the adapter's back (nothing in the portal does) do not
     # change what the committed version attests.
-    wh.execute('DELETE FROM "orders__versions" WHERE "_run_id" = ?', ("run-1",))
+    wh.execute(f'DELETE FROM "{wh.version_table(ORDERS, "run-1")}" WHERE "_run_id" = ?', ("run-1",))
     profile = wh.profile(spec=ORDERS, run_id="run-1")
     assert (profile.row_count, profile.null_keys, profile.distinct_keys, profile.duplicate_keys) == (32, 1, 30, 1)
 
