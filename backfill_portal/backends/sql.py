@@ -560,7 +560,7 @@ class SqlWarehouse(WarehouseBackend):
         if wrong:
             raise ValidationError(
                 f"{spec.name}.{spec.partition_column}: a row holds {wrong[0][0]!r}, not its partition {partition!r}",
-                field=spec.partition_column,
+                field="partition_column",
             )
 
     def _insert_select(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,

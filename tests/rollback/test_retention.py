@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from backfill_portal.catalog.specs import spec_for
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.models import Run
 from backfill_portal.recovery.tasks import purge_versions
@@ -18,8 +19,10 @@ DAY = "2022-10-01"
 
 
 def stored_rows(warehouse, run) -> int:
-    return warehouse.query('SELECT COUNT(*) FROM "dwd_order_items__versions" WHERE "_run_id" = ?',
-                              (run.run_id,))[0][0]
+    table = warehouse.version_table(spec_for(run.job.dataset), run.run_id)
+    if not warehouse.table_exists(table):
+        return 0
+    return warehouse.query(f'SELECT COUNT(*) FROM "{table}" WHERE "_run_id" = ?', (run.run_id,))[0][0]
 
 
 def test_retention_purges_old_versions_but_keeps_current_previous_verified_and_recently_rolled_back(
