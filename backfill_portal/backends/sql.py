@@ -710,9 +710,10 @@ class SqlWarehouse(WarehouseBackend):
                      select_sql: str, params: Sequence = (), take_over: bool = False) -> Marker:
         """Like `stage_rows`, but the rows come from a SELECT run inside the warehouse.
         Its output columns must carry the declared column names; extra ones are ignored.
-        `select_sql` uses `?` placeholders, bound from `params`. Where the engine can,
-        the statement that writes the rows also returns their numbers and fingerprint
-        (one pass over them, in the staging transaction)."""
+        `select_sql` uses `?` placeholders, bound from `params`. The marker's numbers
+        and fingerprint are taken from the written rows in the same transaction
+        (`_numbers_and_fingerprint`; an engine may return them from the INSERT itself
+        by overriding `_insert_select`)."""
         self._check_run(run_id=run_id, attempt_no=attempt_no, partition=partition)
         self._ensure_dataset_once(spec)
         with self.transaction():
@@ -1000,9 +1001,17 @@ class SqlWarehouse(WarehouseBackend):
                               distinct_keys=int(distinct_keys), measure_sum=rounded_measure(measure_sum))
 
     def _numbers(self, spec: DatasetSpec, run_id: str) -> VersionNumbers:
-        run_rows = f'{_quote(self._stored_table(spec, run_id))} WHERE "_run_id" = ?'
+        """The version's numbers in one scan: grouped by the business key (a group's
+        rows share their key, NULL parts included), then summed over the groups."""
+        keys = ", ".join(_quote(k) for k in spec.business_key)
+        any_null = " OR ".join(f"{_quote(k)} IS NULL" for k in spec.business_key)
+        measure = f"SUM({_quote(spec.core_measure)})" if spec.core_measure else "NULL"
         return self._to_numbers(self.query(
-            f"SELECT {self._numbers_sql(spec, run_rows)} FROM {run_rows}", (run_id, run_id))[0])
+            f"""SELECT COALESCE(SUM(g.n), 0), COALESCE(SUM(CASE WHEN g.null_key = 1 THEN g.n ELSE 0 END), 0),
+                SUM(g.m), COALESCE(SUM(CASE WHEN g.null_key = 1 THEN 0 ELSE 1 END), 0)
+            FROM (SELECT COUNT(*) AS n, {measure} AS m, MAX(CASE WHEN {any_null} THEN 1 ELSE 0 END) AS null_key
+                  FROM {_quote(self._stored_table(spec, run_id))} WHERE "_run_id" = ? GROUP BY {keys}) AS g""",
+            (run_id,))[0])
 
     _MARKER_COLUMNS = ('"run_id", "attempt_no", "dataset", "partition", "row_count", "fingerprint", "committed_at", '
                        '"null_keys", "distinct_keys", "measure_sum", "numbers_of"')
