@@ -621,7 +621,10 @@ class SqlWarehouse(WarehouseBackend):
         if getattr(self._local, "depth", 0):
             return work()
         deadline = time.monotonic() + self.publish_wait_seconds
-        pause = 0.05
+        # Growing pauses, up to 2 s: a try that waits on a version a pinned reader
+        # holds may already hold the reader table's lock, so readers of the dataset
+        # should get most of each cycle while a long pinned read lasts.
+        pause = 0.1
         tries = 0
         while True:
             tries += 1
@@ -634,7 +637,7 @@ class SqlWarehouse(WarehouseBackend):
                 logger.info("a pointer switch waited %.1fs for readers' locks (try %d); trying again",
                             self.publish_lock_timeout_seconds, tries)
                 time.sleep(pause)
-                pause = min(pause * 2, 0.5)
+                pause = min(pause * 2, 2.0)
 
     def upgrade_layout(self, spec: DatasetSpec) -> dict[str, Any]:
         """The earlier layout had `<name>` as a view over `<name>__versions` joined to
