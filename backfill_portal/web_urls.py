@@ -2,7 +2,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from backfill_portal.web.pages import approvals, catalog, datasets, home, reconciliation, requests, runs, stale
+from backfill_portal.web.pages import approvals, calendar, catalog, datasets, home, reconciliation, requests, runs, stale
 import backfill_portal.core.converters  # noqa: F401  (registers <dataset:…> and <partition:…>)
 
 urlpatterns = [
@@ -14,6 +14,7 @@ urlpatterns = [
     path("requests/preview/", requests.request_preview, name="request-preview"),
     path("requests/<int:pk>/", requests.request_detail, name="request-detail"),
     path("requests/<int:pk>/live/", requests.request_live, name="request-live"),
+    path("requests/<int:pk>/calendar/", calendar.request_calendar_page, name="request-calendar"),
     path("requests/<int:pk>/submit/", requests.request_submit, name="request-submit"),
     path("requests/<int:pk>/approve/", requests.request_approve, name="request-approve"),
     path("requests/<int:pk>/reject/", requests.request_reject, name="request-reject"),

@@ -44,25 +44,28 @@ def request_rows(*, user=None, mine: bool = False) -> QuerySet[BackfillRequest]:
     return qs
 
 
-def interval_buckets(request: BackfillRequest, *, key_prefix: int) -> list[tuple[str, dict[str, int]]]:
-    """The request's intervals counted by status per bucket, a bucket being the first
-    `key_prefix` characters of the partition key (a local day of hourly partitions, a
-    month of daily ones), in key order: [(bucket, {status: count})].
+def interval_counts(request: BackfillRequest, *, key_prefix: int, job_id: int | None = None,
+                    within: str = "") -> list[tuple[int, str, str, int]]:
+    """The request's intervals counted per (job, bucket, status), a bucket being the
+    first `key_prefix` characters of the partition key (a local day of hourly
+    partitions), in (job, bucket) order: [(job_id, bucket, status, count)]. `job_id`
+    and `within` (a partition-key prefix) narrow it.
 
     One GROUP BY read through a plain cursor: a long request gives a row per (bucket,
     status), and the ORM's values(), with a converter per column, costs more per row
     than the query does."""
     table, qn = Interval._meta.db_table, connection.ops.quote_name
+    where, params = [f"{qn('request_id')} = %s"], [key_prefix, request.pk]
+    if job_id is not None:
+        where.append(f"{qn('job_id')} = %s")
+        params.append(job_id)
+    if within:
+        where.append(f"SUBSTR({qn('partition_key')}, 1, %s) = %s")
+        params += [len(within), within]
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT SUBSTR({qn('partition_key')}, 1, %s), {qn('status')}, COUNT(*) FROM {qn(table)} "
-                       f"WHERE {qn('request_id')} = %s GROUP BY 1, 2 ORDER BY 1", [key_prefix, request.pk])
-        rows = cursor.fetchall()
-    buckets: list[tuple[str, dict[str, int]]] = []
-    for bucket, status, n in rows:
-        if not buckets or buckets[-1][0] != bucket:
-            buckets.append((bucket, {}))
-        buckets[-1][1][status] = n
-    return buckets
+        cursor.execute(f"SELECT {qn('job_id')}, SUBSTR({qn('partition_key')}, 1, %s), {qn('status')}, COUNT(*) "
+                       f"FROM {qn(table)} WHERE {' AND '.join(where)} GROUP BY 1, 2, 3 ORDER BY 1, 2", params)
+        return cursor.fetchall()
 
 
 def request_progress(request: BackfillRequest) -> dict[str, int]:

@@ -10,6 +10,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from backfill_portal.backends import get_warehouse
+from backfill_portal.backfills.models import Interval
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.executors.base import ExecutionError, pins_recorded, render
@@ -179,3 +180,20 @@ def run_verdict(run: Run, attempts: list[Attempt], checks: list[CheckResult]) ->
         named = "; ".join(f"{c.name}: {c.message or 'failed'}" for c in failed)
         return f"{lead} Failed blocking check{'s' if len(failed) > 1 else ''}: {named}."
     return f"{lead} {run.error or 'Verification could not run.'}"
+
+
+def interval_cells(request, *, job_id: int | None = None, within: str = "",
+                   limit: int | None = None) -> list[tuple[int, str, str, str | None]]:
+    """(job_id, partition_key, status, run_id of its latest run or None) of each interval
+    of `request`, in (job, position) order; `job_id` and `within` (a partition-key
+    prefix) narrow it; `limit` caps the rows read. One query: the latest run is a
+    correlated subquery on the run's interval index."""
+    latest = Run.objects.filter(interval=OuterRef("pk")).order_by("-id").values("run_id")[:1]
+    qs = Interval.objects.filter(request=request)
+    if job_id is not None:
+        qs = qs.filter(job_id=job_id)
+    if within:
+        qs = qs.filter(partition_key__startswith=within)
+    rows = (qs.order_by("job_id", "position").annotate(run=Subquery(latest))
+            .values_list("job_id", "partition_key", "status", "run"))
+    return list(rows[:limit] if limit is not None else rows)

@@ -34,8 +34,11 @@ def test_detail_shows_header_progress_grid_steps_and_runs(web, make_request):
     assert "2022-10-01 → 2022-10-31" in html and "Asia/Shanghai" in html and "alice" in html
     assert req.code_version.hash[:12] in html and "late order events" in html
     assert 'class="progress"' in html and "4 queued" in html and "of <strong>31</strong> intervals" in html
-    assert html.count('<li class="cell s-') == 31
-    assert 'title="2022-10-01: queued"' in html and 'title="2022-10-31: planned"' in html
+    assert html.count('<td class="c s-') == 31
+    first = Run.objects.get(request=req, partition_key="2022-10-01")
+    assert (f'<td class="c s-queued"><a href="/runs/{first.run_id}/" '
+            f'title="dwd_order_items 2022-10-01: queued ({first.run_id})"></a></td>') in html
+    assert '<td class="c s-planned" title="dwd_order_items 2022-10-31: planned"></td>' in html
     assert "Target dataset owner" in html and "olivia" in html
     for run in Run.objects.filter(request=req):
         assert f'href="/runs/{run.run_id}/"' in html
@@ -204,7 +207,7 @@ def test_live_partial_is_200_and_keeps_polling_while_running(web, make_request):
     assert response.status_code == 200
     html = response.content.decode()
     assert "{% comment" not in html and "<html" not in html
-    assert 'id="live"' in html and 'hx-trigger="every 2s"' in html and html.count('<li class="cell') == 31
+    assert 'id="live"' in html and 'hx-trigger="every 2s"' in html and html.count('<td class="c s-') == 31
 
 
 def test_live_partial_is_286_once_the_request_is_cancelled(web, make_request):
@@ -311,17 +314,8 @@ def test_more_than_2000_intervals_show_one_cell_per_local_day(web, make_request)
     assert req.interval_count > 2000
     html = web("alice").get(detail(req)).content.decode()
     assert "One cell per local day" in html
-    assert html.count('<li class="cell s-') == 123  # Oct 31 + Nov 30 + Dec 31 + Jan 31 local days
-    assert 'title="2022-11-06: 25 intervals, 25 planned"' in html
-
-
-def test_grid_cells_built_in_python_escape_what_they_show():
-    from backfill_portal.web.pages.requests import cells_html
-
-    html = cells_html([("published", 'job<x> "2022-10-01" & more'), ('a"b', "t")])
-
-    assert html == ('<li class="cell s-published" title="job&lt;x&gt; &quot;2022-10-01&quot; &amp; more"></li>'
-                    '<li class="cell s-a&quot;b" title="t"></li>')
+    assert html.count('<td class="c s-') == 123  # Oct 31 + Nov 30 + Dec 31 + Jan 31 local days
+    assert 'title="page_views_hourly 2022-11-06: 25 intervals, 25 planned"' in html
 
 
 def test_day_cells_take_the_state_that_needs_attention(web, make_request):
@@ -333,10 +327,15 @@ def test_day_cells_take_the_state_that_needs_attention(web, make_request):
     Interval.objects.filter(request=req, partition_key__startswith="2022-10-03").update(status="published")
     Interval.objects.filter(request=req, partition_key__startswith="2022-10-04T0").update(status="published")
     html = web("alice").get(detail(req)).content.decode()
-    assert '<li class="cell s-failed" title="2022-10-02: 24 intervals, 3 planned, 20 published, 1 failed">' in html
-    assert '<li class="cell s-published" title="2022-10-03: 24 intervals, 24 published">' in html
-    assert '<li class="cell s-partial" title="2022-10-04: 24 intervals, 14 planned, 10 published">' in html
-    assert '<li class="cell s-planned" title="2022-10-05: 24 intervals, 24 planned">' in html
+
+    def cell(state, day, title):
+        return (f'<td class="c s-{state}"><a href="/requests/{req.pk}/calendar/?job=page_views_hourly&amp;'
+                f'within={day}" title="page_views_hourly {day}: 24 intervals, {title}"></a></td>')
+
+    assert cell("failed", "2022-10-02", "3 planned, 20 published, 1 failed") in html
+    assert cell("published", "2022-10-03", "24 published") in html
+    assert cell("partial", "2022-10-04", "14 planned, 10 published") in html
+    assert cell("planned", "2022-10-05", "24 planned") in html
     # The progress bar is counted from the same GROUP BY as the cells.
     total = req.interval_count
     assert f'aria-label="54 of {total} intervals done; 54 published; 1 failed"' in html

@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 import zlib
 from dataclasses import dataclass
-from html import escape as html_escape
 
 from django.conf import settings
 from django.contrib import messages
@@ -18,7 +17,6 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.template.defaultfilters import pluralize
 from django.urls import reverse
-from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
@@ -32,11 +30,11 @@ from backfill_portal.web.forms.requests import (
     SubmitForm,
     partition_format,
 )
-from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
+from backfill_portal.backfills.models import ApprovalStep, BackfillRequest
 from backfill_portal.catalog.calendar import dst_notes
 from backfill_portal.backfills.preview import request_plan_preview
 from backfill_portal.backfills.policy import request_actions
-from backfill_portal.backfills.selectors import interval_buckets, request_get, request_progress, request_rows
+from backfill_portal.backfills.selectors import request_get, request_progress, request_rows
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
 from backfill_portal.backfills.services.requests import (
     backfill_request_cancel,
@@ -59,6 +57,7 @@ from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.backfills.services.lifecycle import request_pause, request_resume
 from backfill_portal.execution.services.dispatch import request_retry_failed
 from backfill_portal.warehouse.services.outage import warehouse_outage_current
+from backfill_portal.web.calendar_grid import request_calendar
 from backfill_portal.recovery.rollback import (
     request_rollback,
     rollback_rebuild,
@@ -68,74 +67,14 @@ from backfill_portal.recovery.rollback import (
 # Polling stops once nothing will change without a person acting. `failed` is not
 # terminal for the lifecycle (it can be retried), but a retry reloads the page.
 LIVE_FINAL = REQUEST_TERMINAL | {RequestStatus.FAILED}
-GRID_MAX_CELLS = 2000
 RUNS_SHOWN = 25
 RECON_SHOWN_STATES = (RequestStatus.RECONCILING, RequestStatus.COMPLETED, RequestStatus.ROLLED_BACK)
 PROGRESS_SEGMENTS = ("published", "running", "queued", "failed", "skipped", "cancelled")
-# Django's Choices.values builds a new list on every access, and the grid reads it for
-# each of up to 2,000 buckets: read it once.
+# Django's Choices.values builds a new list on every access: read it once.
 INTERVAL_STATES = tuple(IntervalStatus.values)
 
 
 # --- Read helpers (selector-like) -------------------------------------------------------
-
-
-def _grid(req: BackfillRequest, total: int) -> dict:
-    """One square per interval from one values query; above GRID_MAX_CELLS, one cell per
-    local day (hourly), month (daily) or year (monthly) from one GROUP BY query.
-    `total` counts cascaded downstream intervals too (interval_count is the target's)."""
-    base = Interval.objects.filter(request=req)
-    if total <= GRID_MAX_CELLS:
-        if req.node_actions:  # several jobs: say which one each square is
-            rows = base.order_by("job_id", "position").values_list("job__name", "partition_key", "status")
-            cells = [(f"{name} {key}", status) for name, key, status in rows]
-        else:
-            cells = list(base.order_by("job_id", "position").values_list("partition_key", "status"))
-        return {"mode": "cells", "count": len(cells), "html": cells_html(
-            (status, f"{key}: {status}") for key, status in cells)}
-    return _bucket_grid(req, interval_buckets(req, key_prefix=_bucket_unit(req)[0]))
-
-
-def _bucket_unit(req: BackfillRequest) -> tuple[int, str]:
-    """(partition-key prefix, what it names) of one grid cell above GRID_MAX_CELLS."""
-    return {"hour": (10, "local day"), "day": (7, "month"), "month": (4, "year")}.get(req.job.dataset.grain,
-                                                                                       (10, "day"))
-
-
-def _bucket_grid(req: BackfillRequest, rows: list[tuple[str, dict[str, int]]]) -> dict:
-    unit = _bucket_unit(req)[1]
-    buckets = []
-    for bucket, counts in rows:
-        total = sum(counts.values())
-        summary = ", ".join(f"{counts[s]} {s}" for s in INTERVAL_STATES if counts.get(s))
-        buckets.append((_bucket_state(counts, total), f"{bucket}: {total} intervals, {summary}"))
-    return {"mode": "buckets", "count": len(buckets), "unit": unit, "html": cells_html(buckets)}
-
-
-def cells_html(cells) -> str:
-    """The grid's squares, `<li class="cell s-STATE" title="...">`, built here rather
-    than in a template loop: a 26,280-interval request has up to 2,000 of them, and a
-    template loop's per-item cost dominates the page at that size (docs/performance.md).
-    Both escape every value.
-    The standard library's escape is Django's without its lazy-string wrapper, which
-    cost more than the escaping itself here; the values are plain strings."""
-    return mark_safe("".join(f'<li class="cell s-{html_escape(state)}" title="{html_escape(title)}"></li>'
-                             for state, title in cells))
-
-
-def _bucket_state(counts: dict[str, int], total: int) -> str:
-    """The state that most needs attention colours the bucket."""
-    for state in ("failed", "running", "queued"):
-        if counts.get(state):
-            return state
-    if counts.get("published", 0) == total:
-        return "published"
-    if counts.get("planned"):
-        return "partial" if counts.get("published") else "planned"
-    for state in ("cancelled", "skipped"):
-        if counts.get(state):
-            return state
-    return "planned"
 
 
 def _progress(req: BackfillRequest, counts: dict[str, int] | None = None) -> dict:
@@ -152,17 +91,6 @@ def _progress(req: BackfillRequest, counts: dict[str, int] | None = None) -> dic
             "done": (counts.get("published") or 0) + (counts.get("skipped") or 0)}
 
 
-def _status_counts(rows: list[tuple[str, dict[str, int]]]) -> dict[str, int]:
-    """What request_progress returns (a count per state, and the total), summed from
-    interval_buckets rows."""
-    counts = dict.fromkeys(INTERVAL_STATES, 0)
-    for _bucket, by_status in rows:
-        for status, n in by_status.items():
-            counts[status] = counts.get(status, 0) + n
-    counts["total"] = sum(counts.values())
-    return counts
-
-
 def _fingerprint(req: BackfillRequest, progress: dict, outage) -> str:
     counts = progress["counts"]
     return ".".join([req.status, "p" if req.paused else "a", f"o{outage.pk}" if outage else "",
@@ -170,15 +98,13 @@ def _fingerprint(req: BackfillRequest, progress: dict, outage) -> str:
 
 
 def _live_context(req: BackfillRequest, *, with_grid: bool = True) -> dict:
-    if with_grid and req.interval_count > GRID_MAX_CELLS:
-        # The target's own intervals are already too many for one cell each (cascaded
-        # ones only add to them): one GROUP BY (cell, status) feeds both the grid and the
-        # progress bar, instead of a second pass over every interval.
-        rows = interval_buckets(req, key_prefix=_bucket_unit(req)[0])
-        progress, grid = _progress(req, _status_counts(rows)), _bucket_grid(req, rows)
+    if with_grid:
+        # The calendar reads every interval's state (one GROUP BY above its cell limit):
+        # the progress bar is counted from the same rows, not from a second pass.
+        grid = request_calendar(req)
+        progress = _progress(req, grid.counts)
     else:
-        progress = _progress(req)
-        grid = _grid(req, progress["total"]) if with_grid else None
+        progress, grid = _progress(req), None
     # A running request's work is held while the warehouse refuses connections.
     outage = warehouse_outage_current() if req.status == RequestStatus.RUNNING else None
     return {
@@ -495,7 +421,7 @@ def request_live(request, pk: int):
     if ctx["polling"] and not changed:
         return HttpResponse(status=204)
     if "live" in changed:
-        ctx["grid"] = _grid(req, ctx["progress"]["total"])
+        ctx["grid"] = request_calendar(req, total=ctx["progress"]["total"])
     if "about" in changed:
         ctx.update(_about_context(req))
     if "actions" in changed:
