@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from backfill_portal.backfills.policy import may_create
 from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
 
 
@@ -18,7 +19,8 @@ def inbox_count(user) -> int | None:
 
 
 def navigation(request) -> dict:
-    """`nav_inbox` for every template rendered with a request. A template calls it when
+    """`nav_inbox` for every template rendered with a request, and `can_file`: whether to
+    offer the request form at all (the auditor is never offered it). A template calls it when
     it shows it, once per render (cached): a partial that does not show it costs no query.
     A view's own `nav_inbox` (the htmx out-of-band count after a decision) wins."""
 
@@ -26,4 +28,8 @@ def navigation(request) -> dict:
     def nav_inbox() -> int | None:
         return inbox_count(request.user)
 
-    return {"nav_inbox": nav_inbox}
+    @cache
+    def can_file() -> bool:
+        return may_create(request.user)
+
+    return {"nav_inbox": nav_inbox, "can_file": can_file}

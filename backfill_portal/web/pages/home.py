@@ -3,36 +3,100 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.db.models import Max
 from django.http import StreamingHttpResponse
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus
+from backfill_portal.backfills.policy import may_create
 from backfill_portal.backfills.selectors import handoffs_waiting_for, request_rows, steps_waiting_for
+from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.csv_export import csv_writer
 from backfill_portal.core.models import AuditEvent
+from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import keyset_page, query_without, render_page
 from backfill_portal.web.forms.audit import AuditFilterForm
-from backfill_portal.warehouse.models import Publication
+from backfill_portal.execution.selectors import run_last_alive, run_list, runs_failing, runs_stuck
+from backfill_portal.recovery.rollback import closure_entries
+from backfill_portal.warehouse.models import Contamination, Publication
 
 HOME_ROWS = 10
 HOME_RUNNING_ROWS = 20
 HOME_WAITING_ROWS = 50
 HOME_ROLLBACKS = 10
+HOME_ATTENTION_ROWS = 20
+# Closure entries read to find the partitions still built from a rolled-back input.
+HOME_CLOSURE_SCAN = 200
 
 
 @login_required
 def home(request):
+    """One home per role, panels stacked for a user with several: on-call first (what
+    is broken now), then the owner's inbox and datasets, then the requester's own
+    requests; everyone sees what runs and what was rolled back. The auditor, who
+    changes nothing, is offered nothing to file."""
     user = request.user
-    return render_page(request, "core/home.html", {
-        "my_requests": list(request_rows(user=user, mine=True).order_by("-id")[:HOME_ROWS]),
+    oncall = has_role(user, Role.ONCALL, Role.ADMIN)
+    owned = list(Dataset.objects.filter(owner=user, is_source=False).order_by("name"))
+    ctx = {
+        "oncall": oncall, "owner": bool(owned) or has_role(user, Role.OWNER),
+        "auditor": has_role(user, Role.AUDITOR) and not may_create(user),
+        "my_requests": list(request_rows(user=user, mine=True).order_by("-id")[:HOME_ROWS]) if may_create(user)
+        else [],
         "waiting": list(steps_waiting_for(user)[:HOME_WAITING_ROWS]),
         "running": list(request_rows().filter(status=RequestStatus.RUNNING).order_by("-id")[:HOME_RUNNING_ROWS]),
         "handoffs": list(handoffs_waiting_for(user)[:HOME_WAITING_ROWS]),
         "rollbacks": list(Publication.objects.filter(action=Publication.Action.ROLLBACK)
                           .select_related("dataset", "version__run", "previous_version__run", "actor")
                           .order_by("-id")[:HOME_ROLLBACKS]),
-    })
+    }
+    contaminated = _contaminated_now() if oncall or owned else []
+    if oncall:
+        ctx.update({
+            "failing": list(runs_failing(run_list()).order_by("-id")[:HOME_ATTENTION_ROWS]),
+            "stuck": list(runs_stuck(run_list()).annotate(moved_at=run_last_alive())
+                          .order_by("moved_at", "id")[:HOME_ATTENTION_ROWS]),
+            "stuck_minutes": settings.RUN_STUCK_AFTER_SECONDS // 60,
+            "contaminated": contaminated[:HOME_ATTENTION_ROWS],
+            "reconciling": list(request_rows().filter(status=RequestStatus.RECONCILING)
+                                .order_by("id")[:HOME_ATTENTION_ROWS]),
+        })
+    if owned:
+        failing = list(runs_failing(run_list().filter(job__dataset__in=owned)).order_by("-id")[:HOME_CLOSURE_SCAN])
+        ctx["health"] = _dataset_health(owned, failing, contaminated)
+    return render_page(request, "core/home.html", ctx)
+
+
+def _contaminated_now() -> list[dict]:
+    """Partitions readers still see built from a rolled-back input (closure entries
+    whose version is current), newest rollback first, one entry per partition."""
+    ids = list(Contamination.objects.order_by("-id").values_list("pk", flat=True)[:HOME_CLOSURE_SCAN])
+    if not ids:
+        return []
+    seen, out = set(), []
+    for entry in closure_entries(Contamination.objects.filter(pk__in=ids)):
+        key = (entry["dataset"], entry["partition_key"])
+        if entry["state"] == "pending" and key not in seen:
+            seen.add(key)
+            out.append(entry)
+    return out
+
+
+def _dataset_health(owned: list[Dataset], failing: list, contaminated: list[dict]) -> list[dict]:
+    """Per owned dataset: its unrepaired failed runs, its partitions built from a
+    rolled-back input, its last publication; one query for the last publications."""
+    last = dict(Publication.objects.filter(dataset__in=owned, action=Publication.Action.PUBLISH).order_by()
+                .values("dataset_id").annotate(at=Max("published_at")).values_list("dataset_id", "at"))
+    rows = []
+    for ds in owned:
+        fails = [r for r in failing if r.job.dataset_id == ds.pk]
+        marks = [c for c in contaminated if c["dataset"] == ds.name]
+        state = "failing" if fails else "contaminated" if marks else "healthy" if last.get(ds.pk) else "empty"
+        rows.append({"dataset": ds, "failing": fails[:3], "n_failing": len(fails), "contaminated": marks[:3],
+                     "n_contaminated": len(marks), "last_published": last.get(ds.pk), "state": state})
+    return rows
 
 
 # --- Audit ------------------------------------------------------------------------------

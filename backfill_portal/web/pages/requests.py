@@ -33,7 +33,7 @@ from backfill_portal.web.forms.requests import (
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest
 from backfill_portal.catalog.calendar import dst_notes
 from backfill_portal.backfills.preview import request_plan_preview
-from backfill_portal.backfills.policy import request_actions
+from backfill_portal.backfills.policy import may_create, request_actions, require_create
 from backfill_portal.backfills.selectors import request_get, request_progress, request_rows
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
 from backfill_portal.backfills.services.requests import (
@@ -44,7 +44,7 @@ from backfill_portal.backfills.services.requests import (
 )
 from backfill_portal.backfills.transitions import REQUEST_TERMINAL
 from backfill_portal.catalog.models import Job
-from backfill_portal.core.errors import ApplicationError, ConflictError, NotFound, ValidationError
+from backfill_portal.core.errors import ApplicationError, ConflictError, NotFound, PermissionDenied, ValidationError
 from backfill_portal.core.web import (
     application_errors,
     flash_error,
@@ -243,7 +243,14 @@ def _put_errors_on_form(form: RequestForm, exc: ApplicationError) -> None:
 def request_new(request):
     """1. Validate the shape with the form. 2. Create the draft through the service
     (its field errors land on the form's fields). 3. Optionally submit it; an overlap
-    asks for confirmation, the draft already saved is reused via the idempotency key."""
+    asks for confirmation, the draft already saved is reused via the idempotency key.
+    A user who may not file requests (the auditor) gets a 403 page, not the form; a
+    forged POST is refused by the policy (and audited) before any field is read."""
+    if not may_create(request.user):
+        if request.method == "POST":
+            require_create(request.user)
+        raise PermissionDenied("Filing a backfill request needs the requester, owner, on-call or admin role. "
+                               "You can read every request, run and audit record, and change nothing.")
     if request.method == "GET":
         # ?job=&start=&end=&cascade= prefill the form (a frozen request's "file a new
         # request with the current code"); the POST validates them like anything typed.

@@ -1,0 +1,84 @@
+"""Role homes: on-call sees what is broken now (failed runs nothing repaired, scheduled
+ones too; stuck runs; partitions built from rolled-back inputs; requests waiting in
+reconciliation), owners their inbox and their datasets' health, requesters their
+requests; the auditor is never offered the request form."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone as tz
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from backfill_portal.catalog.models import Job
+from backfill_portal.execution.choices import RunStatus, RunType
+from backfill_portal.execution.models import Run
+from backfill_portal.execution.services.schedule import schedule_production
+from backfill_portal.recovery.rollback import partition_rollback
+
+
+def section(html: str, heading_id: str) -> str:
+    start = html.index(f'id="{heading_id}"')
+    end = html.find("<h2", start + 1)
+    return html[start:end if end > 0 else None]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_oncall_owner_and_requester_homes_show_what_each_must_act_on(web, personas, pipeline, incident):
+    good, bad, dws = incident
+    # 1. A scheduled production run for a day the sources do not have fails ("no rows").
+    Job.objects.filter(name="dwd_order_items").update(scheduled=True)
+    [failed_id] = schedule_production(now=datetime(2030, 1, 2, 2, 0, tzinfo=tz.utc))
+    pipeline.drain()
+    failed = Run.objects.get(run_id=failed_id)
+    assert (failed.status, failed.run_type) == (RunStatus.VERIFICATION_FAILED, RunType.SCHEDULED)
+    # 2. A run whose message was lost an hour ago: queued, nothing moved it since.
+    Job.objects.filter(name="dws_sales_daily").update(scheduled=True)
+    [stuck_id] = schedule_production(now=datetime(2030, 1, 2, 2, 0, tzinfo=tz.utc))
+    hour_ago = timezone.now() - timedelta(hours=1)
+    Run.objects.filter(run_id=stuck_id).update(created_at=hour_ago, enqueued_at=hour_ago)
+    # 3. The doubled dwd partition rolled back: dws 2022-10-01, built from it, is contaminated.
+    partition_rollback(actor=personas["oscar"], dataset="dwd_order_items", partition_key="2022-10-01",
+                       reason="doubled by the 02:00 deploy")
+
+    html = web("oscar").get(reverse("home")).content.decode()
+    failures = section(html, "failing-h")
+    assert f'href="/runs/{failed_id}/"' in failures and "scheduled" in failures and "2030-01-01" in failures
+    assert "no rows" in failures
+    stuck = html[html.index('id="stuck-h"'):html.index('id="contaminated-h"')]
+    assert f'href="/runs/{stuck_id}/"' in stuck and "dws_sales_daily" in stuck and "ago)" in stuck
+    contaminated = html[html.index('id="contaminated-h"'):html.index('id="reconciling-h"')]
+    assert "dws_sales_daily / 2022-10-01" in contaminated and "dwd_order_items / 2022-10-01" in contaminated
+    reconciling = html[html.index('id="reconciling-h"'):html.index('id="running-h"')]
+    assert f'href="/requests/{bad.pk}/"' in reconciling
+
+    # The owner of dwd_order_items: her dataset is failing (the scheduled run), with the run linked.
+    olivia = web("olivia").get(reverse("home")).content.decode()
+    assert 'id="failing-h"' not in olivia  # the on-call panel is on-call's
+    health = section(olivia, "health-h")
+    row = health[health.index('href="/datasets/dwd_order_items/"'):]
+    row = row[:row.index("</tr>")]
+    assert "pill-health-failing" in row and f'href="/runs/{failed_id}/"' in row
+    assert 'id="mine-h"' in olivia and 'id="waiting-h"' in olivia
+    # The owner of dws_sales_daily: a partition readers see is built from a rolled-back input.
+    sam = section(web("sam").get(reverse("home")).content.decode(), "health-h")
+    row = sam[sam.index('href="/datasets/dws_sales_daily/"'):]
+    assert "pill-health-contaminated" in row[:row.index("</tr>")]
+
+    alice = web("alice").get(reverse("home")).content.decode()
+    assert 'id="failing-h"' not in alice and 'id="health-h"' not in alice
+    assert f'href="/requests/{good.pk}/"' in section(alice, "mine-h")
+
+
+def test_the_auditor_is_never_offered_the_request_form(web, catalog):
+    client = web("audrey")
+    home = client.get(reverse("home")).content.decode()
+    assert reverse("request-new") not in home and "You read everything and change nothing" in home
+    assert reverse("request-new") not in client.get(reverse("request-list")).content.decode()
+    assert "Backfill this job" not in client.get(reverse("catalog-job", args=["dwd_order_items"])).content.decode()
+    response = client.get(reverse("request-new"))
+    assert response.status_code == 403
+    assert "Filing a backfill request needs the requester, owner, on-call or admin role" in response.content.decode()
+    assert client.post(reverse("request-new"), {"job": "dwd_order_items"}).status_code == 403
+    # Everyone who may file still sees it.
+    assert reverse("request-new") in web("alice").get(reverse("home")).content.decode()
