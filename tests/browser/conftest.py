@@ -24,6 +24,14 @@ try:
     from playwright.sync_api import sync_playwright
 except ImportError:  # pragma: no cover - depends on the machine
     sync_playwright = None
+try:  # axe-core itself, the file its PyPI package ships (pyproject's test extra)
+    from axe_playwright_python.base import AXE_SCRIPT
+except ImportError:  # pragma: no cover - depends on the machine
+    AXE_SCRIPT = None
+
+# What fails a page: axe-core's two worst impacts (issue #16: 0 serious, 0 critical).
+AXE_FAILING = ("serious", "critical")
+WIDTHS = {"desktop": 1280, "wide": 1920, "phone": 390}
 
 # Playwright's sync API keeps an event loop running in this thread; the ORM calls the
 # tests make between browser steps are still synchronous code.
@@ -35,6 +43,8 @@ def _missing() -> str:
         return "playwright is not installed (pip install -e .[test])"
     if not CHROMIUM.exists():
         return "Debian's chromium is not installed (apt-get install chromium): /usr/bin/chromium is missing"
+    if AXE_SCRIPT is None:
+        return "axe-playwright-python (axe-core) is not installed (pip install -e .[test])"
     return ""
 
 
@@ -83,6 +93,18 @@ class Persona:
 
     def goto(self, path: str):
         return self.page.goto(self.base_url + path)
+
+    def axe(self) -> list[dict]:
+        """axe-core on the page as it is now: its serious and critical findings, each
+        with the page, the rule, its help text and up to five offending elements."""
+        self.page.evaluate(AXE_SCRIPT)
+        results = self.page.evaluate("axe.run(document, {resultTypes: ['violations']})")
+        return [{"page": self.page.url, "rule": v["id"], "impact": v["impact"], "help": v["help"],
+                 "nodes": [n["target"] for n in v["nodes"][:5]]}
+                for v in results["violations"] if v["impact"] in AXE_FAILING]
+
+    def at_width(self, width: int) -> None:
+        self.page.set_viewport_size({"width": width, "height": 900})
 
     def shot(self, label: str) -> Path:
         folder = ARTIFACTS / self.journey

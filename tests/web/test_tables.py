@@ -71,14 +71,14 @@ def test_audit_row_change_request_link_and_time():
 
 
 def test_audit_row_denied_empty_states_no_request_and_long_reason():
-    reason = "x" * 200 + "<end>"
+    reason = "x" * 500 + "<end>"
     html = audit_rows([event(action="denied.request.cancel", request_id=None, from_state="", to_state="",
                              reason=reason)])
     assert '<tr class="row-denied">' in html
     assert "<td></td>" in html  # no request link
     assert '<td class="mono"></td>' in html  # no state change
-    assert f'title="{"x" * 200}&lt;end&gt;"' in html  # the full reason on hover, escaped
-    assert f'>{"x" * 119}…</td>' in html  # the cell truncated to 120 characters
+    assert f'title="{"x" * 500}&lt;end&gt;"' in html  # the full reason on hover, escaped
+    assert f'>{"x" * 399}…</td>' in html  # the cell, as wide as the screen, truncated to 400 characters
 
 
 def test_audit_row_one_sided_change_shows_the_empty_state():

@@ -76,7 +76,7 @@ def audit_rows(events: Iterable) -> SafeString:
         request = f'<a href="{escape(detail(e.request_id))}">#{e.request_id}</a>' if e.request_id else ""
         change = (f"{escape(e.from_state or '∅')} → {escape(e.to_state or '∅')}"
                   if e.from_state or e.to_state else "")
-        reason = e.reason if len(e.reason) <= 120 else Truncator(e.reason).chars(120)
+        reason = e.reason if len(e.reason) <= 400 else Truncator(e.reason).chars(400)
         out.append(
             f'<tr{denied}>\n  <td class="num">{e.pk}</td>\n'
             f'  <td>{_time(e.at, "%Y-%m-%d %H:%M:%S")}</td>\n'
