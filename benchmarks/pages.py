@@ -1,5 +1,5 @@
-"""Three pages at volume: the request list, the detail page of a 26,280-interval request
-and the audit history, each rendered through Django's test Client (logged in with
+"""Pages at volume: the request list, the detail page of a 26,280-interval request, its
+calendar (whole, and one month of it), the runs list and the audit history, each rendered through Django's test Client (logged in with
 force_login: alice for the request pages, audrey for the audit log), versus the bare
 SQL behind it run through connection.cursor() with its rows fetched, in one run.
 
@@ -14,10 +14,17 @@ What is compared, per page, at two sizes of the same scratch database:
     request list  SELECT the shown columns of r, job, requester ORDER BY r.id DESC LIMIT 51
     audit history SELECT * FROM core_auditevent ORDER BY id DESC LIMIT 51
     request detail the request row (with job, dataset, owner, requester, code version);
-                   one GROUP BY (local day, status) over its 26,280 intervals (what the
-                   progress bar and the day grid show); its latest 25 runs, WHERE
+                   one GROUP BY (job, local day, status) over its 26,280 intervals (what
+                   the progress bar and the calendar show); its latest 25 runs, WHERE
                    request_id = ? ORDER BY id DESC LIMIT 25, with a correlated COUNT of
                    their attempts;
+    calendar       the request row and the same GROUP BY (the page is the calendar alone,
+                   one cell per local day: 1,095 cells);
+    calendar month one job's intervals of one month (744), each with the run_id of its
+                   latest run (a correlated subquery), ORDER BY job, position LIMIT 2001:
+                   one cell per hour, each a link to its run;
+    runs list      SELECT the shown columns of the run and its job ORDER BY id DESC LIMIT 51
+                   (measured once the runs list, /runs/, is on this main);
 - growth: page p95 at the large size / page p95 at the small size. The bare SELECT's
   own growth is printed too: when it grows as well, the cause is the plan or an index
   (the database), not the view or template.
@@ -79,6 +86,7 @@ SMALL = {"runs_other": 10_000, "requests_other": 100, "audit": 10_000}
 LARGE = {"runs": 1_000_000, "requests": 10_000, "audit": 1_000_000}
 BIG_FIRST, BIG_LAST = "2021-01-01T00:00-05:00", "2023-12-31T23:00-05:00"
 BIG_PUBLISHED, BIG_FAILED, BIG_RUNNING, BIG_QUEUED = 24_000, 50, 8, 16
+BIG_MONTH = "2021-05"  # the month of the big request whose calendar is opened: 744 hours (no DST change)
 
 t_start = time.perf_counter()
 label = scratch_django("pages")
@@ -211,7 +219,7 @@ def grow_requests(target_other: int) -> None:
                      f"Benchmark request {q}: restate after an upstream fix (ticket DATA-{q})",
                      DAYS[d0], DAYS[d0 + 29], DAY_TS[d0], DAY_TS[d0 + 30], 30, "none", "forward", 4, False, status,
                      False, cv if status != "draft" else None, ts(at) if status != "draft" else None, decided,
-                     finished, "[]", None, "{}", None, ""))
+                     finished, "[]", None, "{}", "{}", None, ""))
         for k in range(30):
             ivs.append((iv_id + k, req_id, job.pk, k, DAYS[d0 + k], DAY_TS[d0 + k], DAY_TS[d0 + k + 1],
                         interval_status(status, k), cv, ""))
@@ -236,7 +244,7 @@ def run_row(run_id: int, job_id: int, run_type: str, request_id, interval_id, ke
     return (run_id, f"run_{run_id:016x}", job_id, run_type, request_id, interval_id, key, start, end, cv, status,
             REQUESTERS[run_id % len(REQUESTERS)] if run_type == "backfill" else None, ts(created),
             ts(created + timedelta(seconds=5)) if status != "queued" else None, finished,
-            "boom: upstream partition missing" if status == "failed" else "", "", "[]", None)
+            "boom: upstream partition missing" if status == "failed" else "", "", "[]", None, 0, None, None)
 
 
 def attempt_rows(run: tuple, attempt_id: int):
@@ -246,11 +254,11 @@ def attempt_rows(run: tuple, attempt_id: int):
         return []
     rows = []
     if status == "failed":
-        rows.append((attempt_id, run_id, 1, "lost", started, started, started, "worker-1", "heartbeat lost"))
+        rows.append((attempt_id, run_id, 1, "lost", started, started, started, "worker-1", "heartbeat lost", False))
         attempt_id += 1
     a_status = {"running": "running", "failed": "failed"}.get(status, "succeeded")
     rows.append((attempt_id, run_id, len(rows) + 1, a_status, started, finished or started, finished, "worker-2",
-                 run[15]))
+                 run[15], False))
     return rows
 
 
@@ -371,6 +379,33 @@ def select_request_list() -> None:
                  f"JOIN {qn('auth_user')} u ON u.id = r.requested_by_id ORDER BY r.id DESC LIMIT 51") == 51
 
 
+def select_calendar(pk: int):
+    def run() -> None:
+        assert fetch(f"SELECT r.*, j.*, d.*, o.*, u.*, cv.* {REQUEST_JOINS} "
+                     f"JOIN {qn('auth_user')} o ON o.id = d.owner_id WHERE r.id = %s", [pk]) == 1
+        assert fetch(f"SELECT job_id, SUBSTR(partition_key, 1, 10), status, COUNT(*) "
+                     f"FROM {qn('backfills_interval')} WHERE request_id = %s GROUP BY 1, 2, 3 ORDER BY 1, 2",
+                     [pk]) >= 1095
+    return run
+
+
+def select_calendar_month(pk: int):
+    def run() -> None:
+        assert fetch(f"SELECT r.*, j.*, d.*, o.*, u.*, cv.* {REQUEST_JOINS} "
+                     f"JOIN {qn('auth_user')} o ON o.id = d.owner_id WHERE r.id = %s", [pk]) == 1
+        assert fetch(f"SELECT i.job_id, i.partition_key, i.status, (SELECT run.run_id FROM {qn('execution_run')} run "
+                     f"WHERE run.interval_id = i.id ORDER BY run.id DESC LIMIT 1) "
+                     f"FROM {qn('backfills_interval')} i WHERE i.request_id = %s AND i.partition_key LIKE %s "
+                     "ORDER BY i.job_id, i.position LIMIT 2001", [pk, BIG_MONTH + "%"]) == 744
+    return run
+
+
+def select_runs() -> None:
+    assert fetch(f"SELECT r.id, r.run_id, r.run_type, r.partition_key, r.status, r.created_at, r.started_at, "
+                 f"r.finished_at, r.error, r.request_id, j.id, j.name FROM {qn('execution_run')} r "
+                 f"JOIN {qn('catalog_job')} j ON j.id = r.job_id ORDER BY r.id DESC LIMIT 51") == 51
+
+
 def select_audit() -> None:
     assert fetch(f"SELECT * FROM {qn('core_auditevent')} ORDER BY id DESC LIMIT 51") == 51
 
@@ -379,8 +414,9 @@ def select_request_detail(pk: int):
     def run() -> None:
         assert fetch(f"SELECT r.*, j.*, d.*, o.*, u.*, cv.* {REQUEST_JOINS} "
                      f"JOIN {qn('auth_user')} o ON o.id = d.owner_id WHERE r.id = %s", [pk]) == 1
-        assert fetch(f"SELECT SUBSTR(partition_key, 1, 10), status, COUNT(*) FROM {qn('backfills_interval')} "
-                     "WHERE request_id = %s GROUP BY 1, 2 ORDER BY 1", [pk]) >= 1095
+        assert fetch(f"SELECT job_id, SUBSTR(partition_key, 1, 10), status, COUNT(*) "
+                     f"FROM {qn('backfills_interval')} WHERE request_id = %s GROUP BY 1, 2, 3 ORDER BY 1, 2",
+                     [pk]) >= 1095
         assert fetch(f"SELECT r.*, j.name, (SELECT COUNT(*) FROM {qn('execution_attempt')} a WHERE a.run_id = r.id) "
                      f"FROM {qn('execution_run')} r JOIN {qn('catalog_job')} j ON j.id = r.job_id "
                      "WHERE r.request_id = %s ORDER BY r.created_at DESC, r.id DESC LIMIT 25", [pk]) == 25
@@ -462,16 +498,40 @@ def floor(username: str) -> float:
     return min(rounds) * 1000
 
 
+def runs_list_url() -> str | None:
+    """The runs list page's URL once it is on this main (issue #16's runs list), else None.
+    By path: the API's router already names /api/runs/ "run-list"."""
+    from django.urls import Resolver404, resolve
+
+    try:
+        resolve("/runs/")
+    except Resolver404:
+        return None
+    return "/runs/"
+
+
 def measure_all(big_pk: int) -> dict:
+    calendar = reverse("request-calendar", args=[big_pk])
     pages = {
         "request list": measure("request list", "alice", reverse("request-list"), select_request_list),
         "request detail": measure("request detail", "alice", reverse("request-detail", args=[big_pk]),
                                   select_request_detail(big_pk)),
+        "calendar": measure("calendar", "alice", calendar, select_calendar(big_pk)),
+        "calendar month": measure("calendar month", "alice",
+                                  f"{calendar}?job=dwd_page_views_hourly&within={BIG_MONTH}",
+                                  select_calendar_month(big_pk)),
         "audit history": measure("audit history", "audrey", reverse("audit"), select_audit),
     }
-    floors = {user: floor(user) for user in ("alice", "audrey")}
-    print(f"  {'empty page':<15} p95 alice {floors['alice']:.1f} ms, audrey {floors['audrey']:.1f} ms", flush=True)
-    for name, user in (("request list", "alice"), ("request detail", "alice"), ("audit history", "audrey")):
+    users = {name: "alice" for name in pages} | {"audit history": "audrey"}
+    runs = runs_list_url()
+    if runs is not None:
+        pages["runs list"] = measure("runs list", "oscar", runs, select_runs)
+        users["runs list"] = "oscar"
+    else:
+        print("  runs list       not measured: no runs list (/runs/) on this main yet", flush=True)
+    floors = {user: floor(user) for user in set(users.values())}
+    print("  empty page      p95 " + ", ".join(f"{u} {floors[u]:.1f} ms" for u in sorted(floors)), flush=True)
+    for name, user in users.items():
         pages[name]["floor"] = floors[user]
         pages[name]["over_floor"] = pages[name]["page"] / (floors[user] + pages[name]["select"])
     return pages
