@@ -43,7 +43,7 @@ def _missing() -> str:
         return "playwright is not installed (pip install -e .[test])"
     if not CHROMIUM.exists():
         return "Debian's chromium is not installed (apt-get install chromium): /usr/bin/chromium is missing"
-    if AXE_SCRIPT is None:
+    if axe_playwright_python is None:
         return "axe-playwright-python (axe-core) is not installed (pip install -e .[test])"
     return ""
 
@@ -93,15 +93,6 @@ class Persona:
 
     def goto(self, path: str):
         return self.page.goto(self.base_url + path)
-
-    def axe(self) -> list[dict]:
-        """axe-core on the page as it is now: its serious and critical findings, each
-        with the page, the rule, its help text and up to five offending elements."""
-        self.page.evaluate(AXE_SCRIPT)
-        results = self.page.evaluate("axe.run(document, {resultTypes: ['violations']})")
-        return [{"page": self.page.url, "rule": v["id"], "impact": v["impact"], "help": v["help"],
-                 "nodes": [n["target"] for n in v["nodes"][:5]]}
-                for v in results["violations"] if v["impact"] in AXE_FAILING]
 
     def at_width(self, width: int) -> None:
         self.page.set_viewport_size({"width": width, "height": 900})
