@@ -31,7 +31,7 @@ NOT_PAGES = {
     "logout", "request-preview", "request-live", "request-submit", "request-approve", "request-reject",
     "request-cancel", "request-pause", "request-resume", "request-retry", "request-rollback",
     "reconciliation-explain", "reconciliation-signoff", "reconciliation-recompute", "approval-step-decide",
-    "handoff-decide", "partition-rebuild-consumers",
+    "handoff-decide", "partition-rebuild-consumers", "catalog-job-stale-draft",
 }
 
 
@@ -70,6 +70,7 @@ def pages(ids: dict) -> list[tuple[str, str, str]]:
         ("outbox", "oscar", "/outbox/"),
         ("catalog", "alice", "/catalog/"),
         ("catalog-job", "alice", "/catalog/jobs/dwd_order_items/"),
+        ("catalog-job-stale", "olivia", "/catalog/jobs/dwd_order_items/stale/"),
         ("lineage", "alice", "/lineage/"),
         ("lineage", "olivia", f"/lineage/?request={pending}"),
         ("dataset", "oscar", "/datasets/dwd_order_items/"),
