@@ -23,9 +23,9 @@ def counts() -> dict[str, int]:
     return {m.__name__: m.objects.count() for m in (Team, Pool, Dataset, Job, CodeVersion, AuditEvent)}
 
 
-def sync_command(path) -> str:
+def sync_command(path, *, actor: str = "olivia", reason: str = "deploy of the test catalog") -> str:
     out = StringIO()
-    call_command("sync_catalog", str(path), stdout=out)
+    call_command("sync_catalog", str(path), "--actor", actor, "--reason", reason, stdout=out)
     return out.getvalue()
 
 
@@ -266,3 +266,30 @@ def test_missing_file_is_a_command_error_naming_the_file(personas, tmp_path):
         sync_command(missing)
     assert str(missing) in str(exc.value)
     assert counts()["Dataset"] == 0
+
+
+def test_a_sync_records_who_synced_and_why_on_every_audit_row(personas, tmp_path):
+    sync_command(write(tmp_path, TEST_CATALOG), actor="olivia", reason="first deploy, ticket DATA-1")
+    changed = TEST_CATALOG.replace("WHERE rn = 1", "WHERE rn = 1 AND amount > 0")
+    assert changed != TEST_CATALOG
+    sync_command(write(tmp_path, changed, "changed.yaml"), actor="sam", reason="drop refunds at zero, DATA-2")
+    events = list(AuditEvent.objects.filter(action__startswith="catalog.").order_by("id"))
+    assert events and all(e.actor_id is not None and e.reason for e in events)
+    code = AuditEvent.objects.filter(action="catalog.code_version").order_by("-id").first()
+    assert (code.actor.username, code.reason) == ("sam", "drop refunds at zero, DATA-2")
+    summary = AuditEvent.objects.filter(action="catalog.sync").order_by("-id").first()
+    assert summary.actor.username == "sam" and summary.object_id.endswith("changed.yaml")
+    assert any("code version" in line for line in summary.data["changed"])
+
+
+@pytest.mark.parametrize("args, message", [
+    ((), "--actor is required"),
+    (("--actor", "olivia"), "--reason is required"),
+    (("--actor", "nobody", "--reason", "x"), "'nobody' is not an active portal user"),
+])
+def test_a_sync_without_who_or_why_is_refused_and_writes_nothing(personas, tmp_path, args, message):
+    path = write(tmp_path, TEST_CATALOG)
+    before = counts()
+    with pytest.raises(CommandError, match=message):
+        call_command("sync_catalog", str(path), *args, stdout=StringIO())
+    assert counts() == before

@@ -354,13 +354,13 @@ def _find_cycle(jobs: dict) -> list[str] | None:
     return None
 
 
-def _upsert(model, lookup: dict, values: dict, label: str, report: SyncReport, actor) -> object:
+def _upsert(model, lookup: dict, values: dict, label: str, report: SyncReport, actor, reason: str) -> object:
     obj = model.objects.filter(**lookup).first()
     if obj is None:
         obj = model.objects.create(**lookup, **values)
         report.created.append(label)
         audit_record(actor=actor, action="catalog.create", object_type=model.__name__.lower(),
-                     object_id=lookup["name"], data=_jsonable(values))
+                     object_id=lookup["name"], reason=reason, data=_jsonable(values))
         return obj
     changes = {k: v for k, v in values.items() if _current(obj, k) != _jsonable_value(v)}
     if changes:
@@ -370,7 +370,7 @@ def _upsert(model, lookup: dict, values: dict, label: str, report: SyncReport, a
         obj.save()
         report.changed.append(label)
         audit_record(actor=actor, action="catalog.change", object_type=model.__name__.lower(), object_id=lookup["name"],
-                     data={"before": before, "after": _jsonable(changes)})
+                     reason=reason, data={"before": before, "after": _jsonable(changes)})
     else:
         report.unchanged.append(label)
     return obj
@@ -389,21 +389,26 @@ def _jsonable(values: dict) -> dict:
     return {k: _jsonable_value(v) for k, v in values.items()}
 
 
-def catalog_sync(*, text: str, actor=None) -> SyncReport:
+def catalog_sync(*, text: str, actor=None, reason: str = "", source: str = "") -> SyncReport:
+    """Create or change what the catalog text declares, in one transaction. Every audit
+    row carries the actor and the reason (who synced and why: an approver reading a code
+    version's diff sees them), and one `catalog.sync` row sums the sync up (`source`:
+    where the text came from, e.g. the file's path)."""
     plan = catalog_validate(catalog_parse(text))
+    reason = (reason or "").strip()
     report = SyncReport()
     users = {u.username: u for u in get_user_model().objects.filter(
         username__in={d["owner"] for d in plan["datasets"].values()})}
     with transaction.atomic():
-        teams = {name: _upsert(Team, {"name": name}, vals, f"team {name}", report, actor)
+        teams = {name: _upsert(Team, {"name": name}, vals, f"team {name}", report, actor, reason)
                  for name, vals in plan["teams"].items()}
-        pools = {name: _upsert(Pool, {"name": name}, vals, f"pool {name}", report, actor)
+        pools = {name: _upsert(Pool, {"name": name}, vals, f"pool {name}", report, actor, reason)
                  for name, vals in plan["pools"].items()}
         datasets = {}
         for name, d in plan["datasets"].items():
             values = {**{k: v for k, v in d.items() if k not in ("owner", "team")},
                       "owner": users[d["owner"]], "team": teams[d["team"]]}
-            datasets[name] = _upsert(Dataset, {"name": name}, values, f"dataset {name}", report, actor)
+            datasets[name] = _upsert(Dataset, {"name": name}, values, f"dataset {name}", report, actor, reason)
         for name, j in plan["jobs"].items():
             values = {
                 "description": j["description"], "dataset": datasets[j["produces"]], "kind": j["kind"],
@@ -412,7 +417,7 @@ def catalog_sync(*, text: str, actor=None) -> SyncReport:
                 "heartbeat_timeout_seconds": j["heartbeat_timeout_seconds"], "scheduled": j["scheduled"],
                 "pool": pools[j["pool"]], "definition": j["definition"],
             }
-            job = _upsert(Job, {"name": name}, values, f"job {name}", report, actor)
+            job = _upsert(Job, {"name": name}, values, f"job {name}", report, actor, reason)
             wanted = {datasets[u].pk for u in j["reads"]}
             if set(job.upstreams.values_list("pk", flat=True)) != wanted:
                 job.upstreams.set(wanted)
@@ -426,13 +431,18 @@ def catalog_sync(*, text: str, actor=None) -> SyncReport:
                 if previous:
                     report.changed.append(f"job {name} code version {previous} -> {version.short_hash}")
                 audit_record(actor=actor, action="catalog.code_version", object_type="job", object_id=name,
-                             dataset=j["produces"], data={"from": previous, "to": version.short_hash, "new": made})
+                             dataset=j["produces"], reason=reason,
+                             data={"from": previous, "to": version.short_hash, "new": made})
+        if report.created or report.changed:
+            audit_record(actor=actor, action="catalog.sync", object_type="catalog", object_id=(source or "text")[-255:],
+                         reason=reason, data={"created": report.created, "changed": report.changed,
+                                              "unchanged": len(report.unchanged)})
     return report
 
 
-def catalog_sync_file(*, path: str | Path, actor=None) -> SyncReport:
+def catalog_sync_file(*, path: str | Path, actor=None, reason: str = "") -> SyncReport:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise CatalogError(f"cannot read the catalog file {path}: {exc.strerror}", field="path") from None
-    return catalog_sync(text=text, actor=actor)
+    return catalog_sync(text=text, actor=actor, reason=reason, source=str(path))

@@ -1,20 +1,51 @@
+from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
-from backfill_portal.catalog.services.sync import CatalogError, catalog_sync_file
+from backfill_portal.catalog.services.sync import CatalogError, catalog_parse, catalog_sync_file, catalog_validate
 from backfill_portal.core.management.base import PortalCommand, describe_failure
 
 
 class Command(PortalCommand):
-    help = "Sync a YAML catalog file into the database (idempotent); prints what it created, changed, left."
+    help = ("Sync a YAML catalog file into the database (idempotent); prints what it created, changed, left. "
+            "Every change is audited with --actor and --reason: who synced and why.")
 
     def add_arguments(self, parser):
         parser.add_argument("path")
+        parser.add_argument("--actor", default="", help="the portal user who syncs (audited as the actor)")
+        parser.add_argument("--reason", default="", help="why: the change, ticket or deploy (audited)")
 
-    def handle(self, *args, path, **options):
+    def handle(self, *args, path, actor, reason, **options):
         try:
-            report = catalog_sync_file(path=path)
+            # The file first: a broken file is reported as such whoever syncs it.
+            catalog_validate(catalog_parse(_read(path)))
+        except CatalogError as exc:
+            line = describe_failure(exc)
+            raise CommandError(line if str(path) in line else f"{path}: {line}") from None
+        user = _actor(actor)
+        if not reason.strip():
+            raise CommandError("--reason is required: say why the catalog changes (it is audited with every change)")
+        try:
+            report = catalog_sync_file(path=path, actor=user, reason=reason)
         except CatalogError as exc:
             line = describe_failure(exc)
             raise CommandError(line if str(path) in line else f"{path}: {line}") from None
         for line in report.lines():
             self.stdout.write(line)
+
+
+def _read(path: str) -> str:
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogError(f"cannot read the catalog file {path}: {exc.strerror}", field="path") from None
+
+
+def _actor(username: str):
+    if not username.strip():
+        raise CommandError("--actor is required: the portal user who syncs (audited as the actor, never 'system')")
+    user = get_user_model().objects.filter(username=username.strip(), is_active=True).first()
+    if user is None:
+        raise CommandError(f"--actor {username.strip()!r} is not an active portal user")
+    return user
