@@ -27,6 +27,8 @@ urlpatterns = [
     path("requests/<int:pk>/reconciliation/", reconciliation.reconciliation, name="reconciliation"),
     path("requests/<int:pk>/reconciliation/rows/<int:row_pk>/explain/", reconciliation.reconciliation_explain,
          name="reconciliation-explain"),
+    path("requests/<int:pk>/reconciliation/explain/", reconciliation.reconciliation_explain_many,
+         name="reconciliation-explain-many"),
     path("requests/<int:pk>/reconciliation/signoff/", reconciliation.reconciliation_signoff_view,
          name="reconciliation-signoff"),
     path("requests/<int:pk>/reconciliation/recompute/", reconciliation.reconciliation_recompute_view,

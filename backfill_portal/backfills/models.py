@@ -172,6 +172,9 @@ class Verdict(models.TextChoices):
     MATCHED = "matched"
     EXPLAINED = "explained"
     UNEXPLAINED = "unexplained"
+    # Not run on purpose (a side-effect node not authorised, a node the requester
+    # skipped): nothing was compared, so it is neither matched nor waiting for a word.
+    SKIPPED = "skipped"
 
 
 class ReconciliationRow(models.Model):

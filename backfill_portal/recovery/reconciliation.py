@@ -15,8 +15,10 @@ An interval whose published version was built from an input rolled back later (i
 in a rollback's contaminated closure) is `unexplained`, with the reason, until someone
 explains it after the rollback.
 
-Each interval is `matched`, `explained` or `unexplained`; sign-off is refused while
-any is unexplained. All warehouse numbers come from grouped queries over every run of
+Each interval is `matched`, `explained`, `unexplained` or `skipped` (not run on
+purpose: a side-effect node not authorised, a node the requester skipped; nothing was
+compared, so it is not "matched"); sign-off is refused while any is unexplained.
+Several intervals may be explained with one reason (`intervals_explain`). All warehouse numbers come from grouped queries over every run of
 the request at once (the backend's profile_many, measure_many, current_many), never one
 query per interval.
 """
@@ -334,8 +336,10 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
                 row.downstream_value = down_values.get(down_run) if down_run else None
                 if down_run and row.after_run_id:
                     row.downstream_reads_after = down_reads.get(f"{down_run}|{key}") == row.after_run_id
-            row.deviations = _deviations(row, band=band, rel=rel, skipped=iv["id"] in skipped_intervals)
-            row.verdict = _verdict(row.deviations, row.explanation)
+            skipped = iv["id"] in skipped_intervals
+            row.deviations = _deviations(row, band=band, rel=rel, skipped=skipped)
+            row.verdict = Verdict.SKIPPED if skipped and not row.deviations else _verdict(row.deviations,
+                                                                                          row.explanation)
             mark = contaminated.get(after[0]) if after is not None else None
             if mark is not None:
                 found_at, why = mark
@@ -413,14 +417,32 @@ def request_manifest(request: BackfillRequest) -> dict:
             "published_more_than_once": [{"dataset": d, "partition_key": p, "run_ids": ids}
                                          for (d, p), ids in sorted(per_partition.items()) if len(ids) > 1],
             "superseded_by_another_request": sorted(superseded, key=lambda s: (s["dataset"], s["partition_key"])),
-            "rolled_back": [{"dataset": p["dataset__name"], "partition_key": p["partition_key"],
-                             "run_id": p["version__run__run_id"]}
-                            for p in publishes if p["version__run__status"] == RunStatus.ROLLED_BACK],
+            "rolled_back": rolled_back_items(request),
             "non_deterministic": list(
                 CheckResult.objects.filter(run__request=request, name="second_rerun", passed=False)
                 .values_list("run__partition_key", flat=True)),
         },
     }
+
+
+def rolled_back_items(request: BackfillRequest) -> list[dict]:
+    """What was rolled back of what this request published, by name: the dataset and
+    partition, the version taken away, the version readers see instead, who did it,
+    when and why. Read from the publication history at the time of asking, so a
+    reconciliation signed off before the rollback still says it."""
+    mine = list(Publication.objects.filter(request=request, action=Publication.Action.PUBLISH,
+                                           version__run__status=RunStatus.ROLLED_BACK)
+                .values_list("version_id", flat=True))
+    out = []
+    for chunk in _chunks(sorted(set(mine))):
+        for pub in (Publication.objects.filter(previous_version_id__in=chunk, action=Publication.Action.ROLLBACK)
+                    .select_related("dataset", "version__run", "previous_version__run", "actor")
+                    .order_by("dataset__name", "partition_key", "id")):
+            out.append({"dataset": pub.dataset.name, "partition_key": pub.partition_key,
+                        "run_id": pub.previous_version.run.run_id, "restored_run_id": pub.version.run.run_id,
+                        "by": pub.actor.username if pub.actor else "system", "at": pub.published_at.isoformat(),
+                        "why": pub.reason})
+    return out
 
 
 # -- services ------------------------------------------------------------------------------
@@ -517,7 +539,7 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
     if row is None:
         raise NotFound(f"request #{request.pk} has no interval {partition_key!r}")
     before = row.verdict
-    verdict = _verdict(row.deviations, explanation)
+    verdict = before if before == Verdict.SKIPPED else _verdict(row.deviations, explanation)
     now = timezone.now()
     with transaction.atomic():
         ReconciliationRow.objects.filter(pk=row.pk).update(explanation=explanation, explained_by=actor,
@@ -528,6 +550,55 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
                      reason=explanation, data={"partition": partition_key, "deviations": row.deviations})
     row.refresh_from_db()
     return row
+
+
+MAX_EXPLAINED_AT_ONCE = 5000
+
+
+def intervals_explain(*, actor, request_id, intervals: list[tuple[str, str]], explanation: str) -> list[ReconciliationRow]:
+    """One reason for several intervals [(job, partition), ...]: all of them or none.
+    Refused like one explanation (empty 400, outside `reconciling` 409, not a reviewer
+    403), and 400 naming the intervals the request does not have or that have nothing
+    to explain. One audit row per interval, as if each had been explained alone."""
+    request = request_get(request_id)
+    policy.require_review(actor, request, "reconciliation.explain")
+    explanation = (explanation or "").strip()
+    if not explanation:
+        raise ValidationError("say why these intervals' numbers differ; an empty explanation explains nothing",
+                              field="explanation")
+    wanted = list(dict.fromkeys((job, key) for job, key in intervals))
+    if not wanted:
+        raise ValidationError("choose the intervals this explanation is for", field="intervals")
+    if len(wanted) > MAX_EXPLAINED_AT_ONCE:
+        raise ValidationError(f"at most {MAX_EXPLAINED_AT_ONCE} intervals at once", field="intervals")
+    if request.status != R.RECONCILING:
+        raise ConflictError(f"request #{request.pk} is {request.status}; intervals are explained while reconciling",
+                            field="status")
+    if not Reconciliation.objects.filter(request=request).exists():
+        reconciliation_compute(actor=None, request_id=request.pk)
+    found = {(r.job.name, r.partition_key): r for r in ReconciliationRow.objects.filter(
+        request=request, partition_key__in={k for _, k in wanted}).select_related("job", "dataset")}
+    missing = [f"{job} {key}" for job, key in wanted if (job, key) not in found]
+    if missing:
+        raise ValidationError(f"request #{request.pk} has no interval {', '.join(missing[:10])}"
+                              + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""), field="intervals")
+    nothing = [f"{job} {key}" for job, key in wanted if not found[(job, key)].deviations]
+    if nothing:
+        raise ValidationError(f"nothing to explain in {', '.join(nothing[:10])}: its numbers match"
+                              + (f" (and {len(nothing) - 10} more)" if len(nothing) > 10 else ""), field="intervals")
+    now = timezone.now()
+    rows = [found[k] for k in wanted]
+    with transaction.atomic():
+        for row in rows:
+            before, verdict = row.verdict, _verdict(row.deviations, explanation)
+            ReconciliationRow.objects.filter(pk=row.pk).update(explanation=explanation, explained_by=actor,
+                                                               explained_at=now, verdict=verdict)
+            audit_record(actor=actor, action="reconciliation.explain", object_type="interval",
+                         object_id=row.interval_id, request_id=request.pk, dataset=row.dataset.name,
+                         from_state=before, to_state=verdict, reason=explanation,
+                         data={"partition": row.partition_key, "deviations": row.deviations, "together": len(rows)})
+        _refresh_verdict_counts(request)
+    return list(ReconciliationRow.objects.filter(pk__in=[r.pk for r in rows]).order_by("job_id", "position"))
 
 
 def _refresh_verdict_counts(request: BackfillRequest) -> None:
@@ -596,6 +667,7 @@ def request_reconcile_when_ready(*, request_id: int) -> str:
 
 __all__ = [
     "interval_explain",
+    "intervals_explain",
     "reconciliation_compute",
     "reconciliation_get",
     "reconciliation_recompute",
@@ -604,4 +676,5 @@ __all__ = [
     "reconciliation_signoff_withdraw",
     "request_manifest",
     "request_reconcile_when_ready",
+    "rolled_back_items",
 ]

@@ -50,7 +50,7 @@ def test_two_am_incident_doubled_partitions_are_unexplained_and_the_corrected_ba
         assert any("baseline" in d for d in row.deviations)
     manifest = Reconciliation.objects.get(request=doubled).manifest
     assert manifest["intervals_planned"] == 3 and manifest["runs_created"] == 3 and manifest["versions_published"] == 3
-    assert manifest["verdicts"] == {"matched": 0, "explained": 0, "unexplained": 3}
+    assert manifest["verdicts"] == {"matched": 0, "explained": 0, "unexplained": 3, "skipped": 0}
 
     refused = api("olivia").post(f"/api/requests/{doubled.pk}/signoff/", {}, format="json")
     assert refused.status_code == 409
@@ -153,7 +153,12 @@ def test_manifest_names_skipped_intervals_with_why_and_partitions_another_reques
     assert all(s["why"] == "side-effect node not authorised by this request"
                for s in body["manifest"]["exceptions"]["skipped"])
     assert body["manifest"]["runs_created"] == 0 and body["manifest"]["versions_published"] == 0
-    assert {r["status"] for r in body["rows"]} == {"matched"}  # skipped by design is not a difference
+    # Skipped by design is not a difference, and not a match either: nothing was compared.
+    assert {r["status"] for r in body["rows"]} == {"skipped"}
+    assert body["manifest"]["verdicts"] == {"matched": 0, "explained": 0, "unexplained": 0, "skipped": 2}
+    # It does not hold up the sign-off.
+    done = api("finn").post(f"/api/requests/{skipped.pk}/signoff/", {}, format="json")
+    assert done.status_code == 200 and done.json()["status"] == "completed"
 
 
 def test_reconciliation_exports_the_table_and_the_manifest_as_csv(personas, ready, api):
@@ -234,3 +239,50 @@ def test_bad_explanations_are_refused_clearly_and_change_nothing(personas, ready
     assert row.explanation == "" and row.verdict == Verdict.MATCHED
     assert not AuditEvent.objects.filter(request_id=request.pk, action="reconciliation.explain").exists()
     assert api("alice").get(f"/api/requests/{request.pk}/reconciliation/").json()["signed_off_by"] == "olivia"
+
+
+def test_several_intervals_are_explained_with_one_reason_all_or_none(personas, ready):
+    from backfill_portal.core.errors import NotFound, PermissionDenied, ValidationError
+    from backfill_portal.recovery.reconciliation import intervals_explain
+
+    run_request(personas, ready, start="2022-09-28", end="2022-10-03")
+    deploy(dwd_sql=DOUBLED_SQL)
+    doubled = run_request(personas, ready, start="2022-10-01", end="2022-10-03")
+    reconciliation_compute(actor=None, request_id=doubled.pk)
+    picked = [("dwd_order_items", "2022-10-01"), ("dwd_order_items", "2022-10-02")]
+
+    with pytest.raises(ValidationError) as empty:
+        intervals_explain(actor=personas["alice"], request_id=doubled.pk, intervals=picked, explanation="  ")
+    assert "explanation" in empty.value.fields
+    with pytest.raises(ValidationError) as unknown:
+        intervals_explain(actor=personas["alice"], request_id=doubled.pk, explanation="x",
+                          intervals=picked + [("dwd_order_items", "1999-01-01")])
+    assert "1999-01-01" in unknown.value.message and "intervals" in unknown.value.fields
+    with pytest.raises(PermissionDenied):
+        intervals_explain(actor=personas["audrey"], request_id=doubled.pk, intervals=picked, explanation="x")
+    assert set(ReconciliationRow.objects.filter(request=doubled).values_list("verdict", flat=True)) == {"unexplained"}
+    assert not AuditEvent.objects.filter(request_id=doubled.pk, action="reconciliation.explain").exists()
+
+    rows = intervals_explain(actor=personas["alice"], request_id=doubled.pk, intervals=picked,
+                             explanation="INC-2211: the append-style load doubled these days; corrected by the next request")
+    assert [(r.partition_key, r.verdict, r.explained_by.username) for r in rows] == [
+        ("2022-10-01", "explained", "alice"), ("2022-10-02", "explained", "alice")]
+    assert rows_of(doubled)["2022-10-03"].verdict == Verdict.UNEXPLAINED
+    events = AuditEvent.objects.filter(request_id=doubled.pk, action="reconciliation.explain").order_by("id")
+    assert [(e.data["partition"], e.from_state, e.to_state, e.data["together"]) for e in events] == [
+        ("2022-10-01", "unexplained", "explained", 2), ("2022-10-02", "unexplained", "explained", 2)]
+    assert Reconciliation.objects.get(request=doubled).manifest["verdicts"]["explained"] == 2
+
+
+def test_a_rollback_after_the_sign_off_is_named_with_what_readers_see_instead(personas, ready, api):
+    good = run_request(personas, ready, start="2022-10-01", end="2022-10-02")
+    second = run_request(personas, ready, start="2022-10-01", end="2022-10-02")
+    reconciliation_signoff(actor=personas["olivia"], request_id=second.pk, comment="fine")
+    answer = api("oscar").post(f"/api/requests/{second.pk}/rollback/", {"reason": "wrong day picked"}, format="json")
+    assert answer.status_code == 200, answer.content
+    good_runs = {r.partition_key: r.run_id for r in Run.objects.filter(request=good)}
+    second_runs = {r.partition_key: r.run_id for r in Run.objects.filter(request=second)}
+    body = api("audrey").get(f"/api/requests/{second.pk}/reconciliation/").json()
+    named = body["manifest"]["exceptions"]["rolled_back"]
+    assert [(n["partition_key"], n["run_id"], n["restored_run_id"], n["by"], n["why"]) for n in named] == [
+        (day, second_runs[day], good_runs[day], "oscar", "wrong day picked") for day in ("2022-10-01", "2022-10-02")]

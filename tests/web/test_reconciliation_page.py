@@ -128,3 +128,23 @@ def test_verdict_filter_and_recompute(web, doubled):
     assert response.status_code == 302
     assert AuditEvent.objects.filter(action="reconciliation.compute", actor_name="olivia").count() == 1
     assert web("audrey").post(url(doubled, "reconciliation-recompute")).status_code == 403
+
+
+def test_one_explanation_for_several_intervals_from_the_page(web, doubled):
+    client = web("olivia")
+    html = client.get(url(doubled)).content.decode()
+    assert html.count('form="explain-many"') == 2 and "Explain several intervals with one reason" in html
+    refused = client.post(url(doubled, "reconciliation-explain-many"), {"scope": "picked", "explanation": "x"})
+    assert refused.status_code == 400 and "choose the intervals" in refused.content.decode()
+    empty = client.post(url(doubled, "reconciliation-explain-many"), {"scope": "unexplained", "explanation": " "})
+    assert empty.status_code == 400 and "empty explanation explains nothing" in empty.content.decode()
+    assert not ReconciliationRow.objects.filter(request=doubled, verdict="explained").exists()
+    done = client.post(url(doubled, "reconciliation-explain-many"),
+                       {"scope": "unexplained", "explanation": "doubled by the 02:00 deploy"}, follow=True)
+    assert "Saved one explanation for 2 intervals." in done.content.decode()
+    assert set(ReconciliationRow.objects.filter(request=doubled).values_list("verdict", "explanation")) == {
+        ("explained", "doubled by the 02:00 deploy")}
+    assert AuditEvent.objects.filter(request_id=doubled.pk, action="reconciliation.explain").count() == 2
+    # Nobody outside the reviewers explains anything, several at once or not.
+    assert web("audrey").post(url(doubled, "reconciliation-explain-many"),
+                              {"scope": "unexplained", "explanation": "x"}).status_code == 403

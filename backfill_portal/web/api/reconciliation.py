@@ -28,12 +28,22 @@ class ReconciliationSerializer(serializers.ModelSerializer):
     request = serializers.IntegerField(source="request_id")
     request_status = serializers.CharField(source="request.status")
     signed_off_by = serializers.CharField(source="signed_off_by.username", allow_null=True, default=None)
+    manifest = serializers.SerializerMethodField()
     rows = serializers.SerializerMethodField()
 
     class Meta:
         model = Reconciliation
         fields = ["request", "request_status", "computed_at", "signed_off_by", "signed_off_at", "signoff_comment",
                   "manifest", "rows"]
+
+    def get_manifest(self, obj) -> dict:
+        """The stored manifest; "rolled_back" read now, so a rollback after the sign-off
+        (which freezes the numbers) is still named."""
+        from backfill_portal.recovery.reconciliation import rolled_back_items
+
+        manifest = dict(obj.manifest or {})
+        manifest["exceptions"] = {**(manifest.get("exceptions") or {}), "rolled_back": rolled_back_items(obj.request)}
+        return manifest
 
     def get_rows(self, obj) -> list[dict]:
         from backfill_portal.recovery.reconciliation import reconciliation_rows

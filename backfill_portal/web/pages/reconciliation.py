@@ -29,7 +29,7 @@ from backfill_portal.core.web import (
 
 RECON_ROWS_PER_PAGE = 500
 _NOT_RUN_YET = (RequestStatus.DRAFT, RequestStatus.PENDING_APPROVAL, RequestStatus.APPROVED, RequestStatus.REJECTED)
-VERDICT_FILTERS = ("unexplained", "explained", "matched")
+VERDICT_FILTERS = ("unexplained", "explained", "matched", "skipped")
 
 
 def _verdict_counts(req: BackfillRequest) -> dict[str, int]:
@@ -166,13 +166,25 @@ def reconciliation(request, pk: int, *, status: int = 200, bound: dict | None = 
         "after": after, "next_after": next_after, "per_page": RECON_ROWS_PER_PAGE,
         "multi_job": len({r.job_id for r in rows}) > 1 or bool(req.node_actions),
         "manifest": (recon.manifest if recon else {}) or {},
-        "exceptions": [(name.replace("_", " "), items) for name, items in
-                       ((recon.manifest or {}).get("exceptions") or {}).items()] if recon else [],
+        "exceptions": _exceptions(req, recon),
+        "explain_many_form": ExplainForm(auto_id="many_%s"),
         "charts": _chart_series(rows), "can_explain": can_explain,
         "can_recompute": reviewer and recon is not None and recon.signed_off_at is None,
         "baseline_window": BASELINE_WINDOW,
         "signoff_form": SignoffForm(), **_signoff_context(request.user, req, recon, counts),
     }, status=status)
+
+
+def _exceptions(req: BackfillRequest, recon) -> list[tuple[str, list]]:
+    """The manifest's exceptions by name; "rolled back" read now, not when the numbers
+    were computed (or signed off): a rollback after the sign-off must still be named."""
+    from backfill_portal.recovery.reconciliation import rolled_back_items
+
+    if recon is None:
+        return []
+    exceptions = dict((recon.manifest or {}).get("exceptions") or {})
+    exceptions["rolled_back"] = rolled_back_items(req)
+    return [(name.replace("_", " "), items) for name, items in exceptions.items()]
 
 
 def _explain_form(row, data=None) -> ExplainForm:
@@ -249,4 +261,29 @@ def reconciliation_recompute_view(request, pk: int):
     except ApplicationError as exc:
         return reconciliation(request, pk, status=flash_error(request, exc))
     messages.success(request, "Recomputed from the warehouse; explanations already written are kept.")
+    return redirect_after_post(request, reverse("reconciliation", args=[pk]))
+
+
+@login_required
+@application_errors
+@require_POST
+def reconciliation_explain_many(request, pk: int):
+    """One explanation for several intervals (intervals_explain): the ticked ones
+    (`intervals` = "job|partition"), or every unexplained one (`scope=unexplained`)."""
+    from backfill_portal.recovery.reconciliation import intervals_explain
+
+    req = request_get(pk)
+    form = ExplainForm(request.POST)
+    form.is_valid()
+    if request.POST.get("scope") == "unexplained":
+        picked = list(ReconciliationRow.objects.filter(request=req, verdict="unexplained")
+                      .order_by("job_id", "position").values_list("job__name", "partition_key"))
+    else:
+        picked = [tuple(value.split("|", 1)) for value in request.POST.getlist("intervals") if "|" in value]
+    try:
+        rows = intervals_explain(actor=request.user, request_id=req.pk, intervals=picked,
+                                 explanation=form.cleaned_data.get("explanation", ""))
+    except ApplicationError as exc:
+        return reconciliation(request, pk, status=flash_error(request, exc))
+    messages.success(request, f"Saved one explanation for {len(rows)} interval{'s' if len(rows) != 1 else ''}.")
     return redirect_after_post(request, reverse("reconciliation", args=[pk]))
