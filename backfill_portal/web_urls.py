@@ -34,6 +34,7 @@ urlpatterns = [
     path("requests/<int:pk>/reconciliation/recompute/", reconciliation.reconciliation_recompute_view,
          name="reconciliation-recompute"),
     path("approvals/", approvals.approvals, name="approvals"),
+    path("approvals/requests/<int:pk>/", approvals.approval_review, name="approval-review"),
     path("approvals/steps/<int:pk>/decide/", approvals.approval_step_decide_view, name="approval-step-decide"),
     path("approvals/handoffs/<int:pk>/decide/", approvals.handoff_decide_view, name="handoff-decide"),
     path("runs/", runs.run_list, name="run-list"),

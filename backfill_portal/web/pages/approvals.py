@@ -42,7 +42,7 @@ def _inbox_groups(user, steps: list[ApprovalStep], extra: list[BackfillRequest] 
     if not groups:
         return []
     reqs = [g["req"] for g in groups.values()]
-    prefetch_related_objects(reqs, "side_effects")
+    prefetch_related_objects(reqs, "side_effects", "code_version")
     totals = dict(Interval.objects.filter(request_id__in=list(groups)).values_list("request_id")
                   .annotate(n=Count("id")).order_by())
     graph = LineageGraph.cached()
@@ -88,6 +88,24 @@ def _render_inbox(request, *, bound: dict | None = None, status: int = 200) -> H
         "groups": groups, "handoffs": handoffs, "n_steps": len(steps),
         "more_steps": len(steps) >= INBOX_MAX_STEPS,
     }, status=status)
+
+
+@login_required
+@application_errors
+def approval_review(request, pk: int):
+    """What the approver approves (execution/review.py): the code version and its diff
+    against what produced the published partitions, the first interval's rendered SQL,
+    the estimated work and the partitions that will change; my pending steps' forms."""
+    from backfill_portal.execution.review import request_review
+
+    req = _object_or_404(BackfillRequest.objects.select_related(
+        "job__dataset__owner", "requested_by", "code_version"), pk, "request")
+    steps = list(steps_waiting_for(request.user).filter(request=req))
+    groups = _inbox_groups(request.user, steps, extra=[req])
+    _attach_forms(groups, [], {})
+    return render_page(request, "backfills/approval_review.html", {
+        "req": req, "g": groups[0], "review": request_review(req), "review_page": True,
+    })
 
 
 @login_required

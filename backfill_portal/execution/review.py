@@ -1,0 +1,256 @@
+"""What an approver needs to see before saying yes (the approvals page reads it):
+
+1. per job the request rebuilds, the code version it runs (frozen at submission) and its
+   diff against each code version that produced the partitions readers see now, with
+   who introduced the new version and why (the catalog sync's audit row);
+2. the SQL of the first interval, rendered against the versions published now;
+3. the estimated work: the warehouse's own estimate of that statement (EXPLAIN) and the
+   durations of the job's past runs;
+4. the partitions that will change: the current version of each (run, rows, code) or
+   none yet.
+
+Reads only; nothing here writes a pin, a consumption or a run.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from backfill_portal.backends import get_warehouse
+from backfill_portal.backfills.choices import IntervalStatus
+from backfill_portal.backfills.models import BackfillRequest, Interval
+from backfill_portal.catalog.calendar import previous_partition
+from backfill_portal.catalog.models import CodeVersion, Job
+from backfill_portal.core.models import AuditEvent
+from backfill_portal.execution.choices import RunStatus
+from backfill_portal.execution.executors.base import ExecutionError, PinnedInputs, covered_partitions, render, \
+    upstreams_of
+from backfill_portal.execution.models import Run
+
+PAST_RUNS = 50
+SHOWN_PARTITIONS = 200
+
+
+@dataclass
+class CodeDiff:
+    """The request's code against one code version that produced published partitions."""
+
+    published: CodeVersion
+    partitions: list[str]
+    lines: list[str]  # a unified diff, empty when the code is the same
+    introduced: dict | None = None  # who made `published` the job's code, when and why
+
+    @property
+    def same(self) -> bool:
+        return not self.lines
+
+    @property
+    def tagged(self) -> list[tuple[str, str]]:
+        """The diff's lines tagged for colouring: meta, hunk, add, del or ctx."""
+        out = []
+        for line in self.lines:
+            kind = ("meta" if line.startswith(("+++", "---")) else "hunk" if line.startswith("@@")
+                    else "add" if line.startswith("+") else "del" if line.startswith("-") else "ctx")
+            out.append((kind, line))
+        return out
+
+
+@dataclass
+class PartitionChange:
+    partition_key: str
+    run_id: str = ""
+    rows: int | None = None
+    code: str = ""
+
+
+@dataclass
+class JobReview:
+    job: Job
+    code_version: CodeVersion | None
+    introduced: dict | None
+    diffs: list[CodeDiff]
+    changes: list[PartitionChange]
+    total: int
+    new_partitions: int
+    durations: dict
+    kind_text: str = ""
+
+    @property
+    def changed_code(self) -> list[CodeDiff]:
+        return [d for d in self.diffs if not d.same]
+
+
+@dataclass
+class RequestReview:
+    jobs: list[JobReview] = field(default_factory=list)
+    first_interval: Interval | None = None
+    rendered_sql: str = ""
+    render_note: str = ""
+    estimate: dict = field(default_factory=dict)
+    estimated_seconds: float | None = None
+
+
+def definition_lines(definition: dict) -> list[str]:
+    """A code version as the lines a diff compares: the SQL as written, then every other
+    key of the definition (callable, params, side-effect target) as JSON."""
+    lines = []
+    sql = definition.get("sql")
+    if sql:
+        lines += sql.rstrip("\n").split("\n")
+    for key in sorted(k for k in definition if k != "sql"):
+        lines.append(f"-- {key}: {json.dumps(definition[key], sort_keys=True)}")
+    return lines
+
+
+def code_diff(old: CodeVersion, new: CodeVersion) -> list[str]:
+    if old.hash == new.hash:
+        return []
+    return list(difflib.unified_diff(definition_lines(old.definition), definition_lines(new.definition),
+                                     fromfile=f"published: {old.short_hash}", tofile=f"this request: {new.short_hash}",
+                                     lineterm="", n=3))
+
+
+def code_version_introduced(job: Job, version: CodeVersion) -> dict | None:
+    """Who made `version` the job's code, when and why: the latest catalog sync that did."""
+    event = (AuditEvent.objects.filter(action="catalog.code_version", object_type="job", object_id=job.name,
+                                       data__to=version.short_hash).order_by("-id").first())
+    if event is None:
+        return None
+    return {"actor": event.actor_name, "at": event.at, "reason": event.reason, "event_id": event.pk}
+
+
+def past_durations(job: Job) -> dict:
+    """Seconds per run of the job's latest published runs (started -> finished)."""
+    rows = (Run.objects.filter(job=job, status__in=[RunStatus.PUBLISHED, RunStatus.SUPERSEDED,
+                                                   RunStatus.ROLLED_BACK],
+                               started_at__isnull=False, finished_at__isnull=False)
+            .order_by("-id").values_list("started_at", "finished_at")[:PAST_RUNS])
+    seconds = sorted((end - start).total_seconds() for start, end in rows if end >= start)
+    if not seconds:
+        return {"runs": 0}
+    return {"runs": len(seconds), "median": statistics.median(seconds), "longest": seconds[-1],
+            "p90": seconds[min(len(seconds) - 1, int(len(seconds) * 0.9))]}
+
+
+def _planned(request: BackfillRequest) -> dict[int, list[Interval]]:
+    by_job: dict[int, list[Interval]] = defaultdict(list)
+    for iv in (Interval.objects.filter(request=request).exclude(status=IntervalStatus.SKIPPED)
+               .select_related("code_version").order_by("job_id", "position")):
+        by_job[iv.job_id].append(iv)
+    return by_job
+
+
+def _review_job(job: Job, intervals: list[Interval], request: BackfillRequest, warehouse) -> JobReview:
+    version = next((iv.code_version for iv in intervals if iv.code_version_id), None)
+    if version is None:
+        version = request.code_version if job.pk == request.job_id and request.code_version_id else \
+            job.current_code_version
+    partitions = [iv.partition_key for iv in intervals]
+    current = warehouse.current_many(job.dataset.name, partitions) if not job.has_side_effects else {}
+    runs = {r.run_id: r for r in Run.objects.filter(run_id__in=list(current.values()))
+            .select_related("code_version", "version")}
+    produced: dict[int, list[str]] = defaultdict(list)
+    changes = []
+    for key in partitions:
+        run = runs.get(current.get(key, ""))
+        if run is None:
+            changes.append(PartitionChange(key))
+            continue
+        produced[run.code_version_id].append(key)
+        rows = run.version.row_count if hasattr(run, "version") else None
+        changes.append(PartitionChange(key, run.run_id, rows, run.code_version.short_hash))
+    versions = CodeVersion.objects.in_bulk(list(produced))
+    diffs = [CodeDiff(published=versions[pk], partitions=keys, lines=code_diff(versions[pk], version) if version else [],
+                      introduced=code_version_introduced(job, versions[pk]))
+             for pk, keys in sorted(produced.items(), key=lambda kv: -len(kv[1]))]
+    kind_text = ""
+    if version is not None and not version.definition.get("sql"):
+        kind_text = f"a {job.kind} job: no SQL to render; its definition is in the diff"
+    return JobReview(job=job, code_version=version,
+                     introduced=code_version_introduced(job, version) if version else None,
+                     diffs=diffs, changes=changes[:SHOWN_PARTITIONS], total=len(changes),
+                     new_partitions=sum(1 for c in changes if not c.run_id), durations=past_durations(job),
+                     kind_text=kind_text)
+
+
+def preview_pins(run: Run, warehouse) -> PinnedInputs:
+    """What the run would pin if it started now: every upstream's current versions over
+    its interval, and its own previous partition for a depends_on_past job."""
+    pins = PinnedInputs()
+    job = run.job
+    for up in upstreams_of(job):
+        if up.is_source:
+            pins.sources.add(up.name)
+        else:
+            pins.versions[up.name] = warehouse.current_many(
+                up.name, covered_partitions(up, run.data_interval_start, run.data_interval_end))
+    if job.depends_on_past:
+        prev_key = previous_partition(grain=job.dataset.grain, timezone=job.dataset.timezone,
+                                      partition_key=run.partition_key)
+        prev_run = warehouse.current(job.dataset.name, prev_key)
+        if prev_run:
+            pins.previous[prev_key] = prev_run
+    return pins
+
+
+def explain_estimate(warehouse, sql: str) -> dict:
+    """The warehouse's estimate of a SELECT, without running it: PostgreSQL's planner
+    (rows and cost of the top node, and the plan's lines); SQLite's query plan, which
+    has no row estimate. Never raises: a statement the planner refuses says so."""
+    dialect = getattr(warehouse, "dialect", "")
+    try:
+        if dialect == "postgresql":
+            (plan_json,), = warehouse.query("EXPLAIN (FORMAT JSON) " + sql)
+            plan = (json.loads(plan_json) if isinstance(plan_json, str) else plan_json)[0]["Plan"]
+            text = [row[0] for row in warehouse.query("EXPLAIN " + sql)]
+            return {"engine": "PostgreSQL", "rows": plan.get("Plan Rows"), "cost": plan.get("Total Cost"),
+                    "plan": text[:40]}
+        if dialect == "sqlite":
+            rows = warehouse.query("EXPLAIN QUERY PLAN " + sql)
+            return {"engine": "SQLite", "rows": None, "cost": None, "plan": [str(r[-1]) for r in rows][:40],
+                    "note": "SQLite's planner gives no row or cost estimate; the past runs' durations are the estimate"}
+    except Exception as exc:  # noqa: BLE001 - an estimate is advice: a refusal is shown, never a 500
+        return {"engine": dialect or "warehouse", "error": str(exc).strip().split("\n")[0][:300]}
+    return {"engine": dialect or "warehouse", "note": "this warehouse gives no estimate"}
+
+
+def request_review(request: BackfillRequest) -> RequestReview:
+    warehouse = get_warehouse()
+    planned = _planned(request)
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in=list(planned)).select_related(
+        "dataset", "current_code_version")}
+    review = RequestReview()
+    # The target first, then the cascade's nodes in the order the request planned them.
+    order = sorted(planned, key=lambda pk: (pk != request.job_id, planned[pk][0].pk))
+    for pk in order:
+        review.jobs.append(_review_job(jobs[pk], planned[pk], request, warehouse))
+    target = planned.get(request.job_id) or (planned[order[0]] if order else [])
+    if not target:
+        return review
+    first = review.first_interval = target[0]
+    job_review = review.jobs[0]
+    version = job_review.code_version
+    sql = (version.definition.get("sql") if version else "") or ""
+    if sql:
+        run = Run(job=job_review.job, partition_key=first.partition_key, data_interval_start=first.start,
+                  data_interval_end=first.end, code_version=version)
+        try:
+            review.rendered_sql = render(sql, run=run, warehouse=warehouse, pins=preview_pins(run, warehouse))
+        except ExecutionError as exc:
+            review.render_note = f"the template does not render: {exc}"
+        else:
+            review.estimate = explain_estimate(warehouse, review.rendered_sql)
+    else:
+        review.render_note = job_review.kind_text or "no SQL to render"
+    seconds = 0.0
+    for jr in review.jobs:
+        median = jr.durations.get("median")
+        if median is None:
+            continue
+        parallel = max(1, min(request.max_active_intervals, jr.job.max_concurrent_runs))
+        seconds += jr.total * median / parallel
+    review.estimated_seconds = seconds if any(jr.durations.get("runs") for jr in review.jobs) else None
+    return review
