@@ -31,7 +31,7 @@ NOT_PAGES = {
     "logout", "request-preview", "request-live", "request-submit", "request-approve", "request-reject",
     "request-cancel", "request-pause", "request-resume", "request-retry", "request-rollback",
     "reconciliation-explain", "reconciliation-signoff", "reconciliation-recompute", "approval-step-decide",
-    "handoff-decide", "partition-rebuild-consumers", "catalog-job-stale-draft",
+    "handoff-decide", "partition-rebuild-consumers", "catalog-job-stale-draft", "reconciliation-explain-many",
 }
 
 
@@ -64,6 +64,7 @@ def pages(ids: dict) -> list[tuple[str, str, str]]:
         ("request-calendar", "alice", f"/requests/{hourly}/calendar/?within=nope"),  # the 400 page
         ("reconciliation", "olivia", f"/requests/{bad}/reconciliation/"),
         ("approvals", "olivia", "/approvals/"),
+        ("approval-review", "olivia", f"/approvals/requests/{pending}/"),
         ("run-list", "oscar", "/runs/"),
         ("run-list", "oscar", "/runs/?state=failing"),
         ("run-detail", "oscar", f"/runs/{failed}/"),
