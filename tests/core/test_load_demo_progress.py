@@ -26,3 +26,13 @@ def test_a_second_load_has_nothing_to_generate_and_says_only_the_totals(db, ware
     load()
     lines = [line for line in load() if line.startswith("source data:")]
     assert len(lines) == 1 and "+0" in lines[0]
+
+
+def test_the_story_is_not_told_over_source_data_that_does_not_cover_its_history(db, warehouse):
+    from backfill_portal.backfills.models import BackfillRequest
+    from backfill_portal.execution.models import Run
+
+    lines = [line for line in load() if line.startswith("story:")]
+    assert lines == ["story: not told: the source data lacks 174 day(s) of 2022-09-01 .. 2022-11-30 "
+                     "(load them with --first/--last)"]
+    assert not BackfillRequest.objects.exists() and not Run.objects.exists()

@@ -12,12 +12,16 @@ from backfill_portal.execution.models import Run
 from backfill_portal.execution.services.dispatch import dispatch_serialise, enqueue_execute, free_slots
 
 
-def schedule_production(*, now=None) -> list[str]:
+def schedule_production(*, now=None, jobs: list[str] | None = None) -> list[str]:
     """Create the scheduled run of each scheduled job's latest closed interval, once.
-    Production may use the pool's reserved slots; backfills may not."""
+    Production may use the pool's reserved slots; backfills may not. `jobs`: only these
+    scheduled jobs (the demo's history replays one job's schedule at past clocks)."""
     now = now or timezone.now()
     created = []
-    for job in Job.objects.filter(scheduled=True).select_related("dataset__team", "pool", "current_code_version"):
+    scheduled = Job.objects.filter(scheduled=True)
+    if jobs is not None:
+        scheduled = scheduled.filter(name__in=jobs)
+    for job in scheduled.select_related("dataset__team", "pool", "current_code_version"):
         ds = job.dataset
         current = partition_for(grain=ds.grain, timezone=ds.timezone, at=now)
         key = previous_partition(grain=ds.grain, timezone=ds.timezone, partition_key=current.partition_key)

@@ -126,6 +126,35 @@ def load_demo_sources(
     return counts
 
 
+FEED_DAYS_BEHIND = 2
+FEED_DAYS_AHEAD = 1
+
+
+def feed_demo_sources(db: SqlWarehouse, *, now: datetime | None = None, **kwargs) -> dict[str, int]:
+    """The demo's live feed: the source days around today (UTC today - 2 .. + 1, which
+    holds yesterday and today in both Shanghai and New York), so the scheduler's
+    production runs of the latest closed day and hour read real events instead of an
+    empty interval. A whole local day is loaded at once, its later hours too: they are
+    read only once they have closed. Idempotent, like every load (`_bf_demo_loaded`)."""
+    today = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).date()
+    return load_demo_sources(db, first=today - timedelta(days=FEED_DAYS_BEHIND),
+                             last=today + timedelta(days=FEED_DAYS_AHEAD), **kwargs)
+
+
+def days_missing(db: SqlWarehouse, *, first: date, last: date) -> int:
+    """How many (table, day) pairs of [first, last] are not loaded."""
+    if not demo_sources_loaded(db):
+        return 2 * ((last - first).days + 1)
+    (loaded,), = db.query(f"SELECT COUNT(*) FROM {LOADED_TABLE} WHERE day >= ? AND day <= ?",
+                          (first.isoformat(), last.isoformat()))
+    return 2 * ((last - first).days + 1) - int(loaded)
+
+
+def demo_sources_loaded(db: SqlWarehouse) -> bool:
+    """Whether this warehouse holds the demo's source tables (`load_demo` ran)."""
+    return db.table_exists(LOADED_TABLE)
+
+
 def correct_source_day(
     db: SqlWarehouse,
     *,

@@ -17,6 +17,7 @@ from backfill_portal.core.csv_export import csv_writer
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import keyset_page, query_without, render_page
+from backfill_portal.execution.anomalies import partition_anomalies
 from backfill_portal.web.forms.audit import AuditFilterForm
 from backfill_portal.execution.selectors import run_last_alive, run_list, runs_failing, runs_stuck
 from backfill_portal.recovery.rollback import closure_entries
@@ -51,6 +52,7 @@ def home(request):
         "rollbacks": list(Publication.objects.filter(action=Publication.Action.ROLLBACK)
                           .select_related("dataset", "version__run", "previous_version__run", "actor")
                           .order_by("-id")[:HOME_ROLLBACKS]),
+        "anomalies": partition_anomalies(),
     }
     contaminated = _contaminated_now() if oncall or owned else []
     if oncall:

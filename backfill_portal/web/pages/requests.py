@@ -253,7 +253,8 @@ def request_new(request):
                                "You can read every request, run and audit record, and change nothing.")
     if request.method == "GET":
         # ?job=&start=&end=&cascade= prefill the form (a frozen request's "file a new
-        # request with the current code"); the POST validates them like anything typed.
+        # request with the current code"; the home page's "file the corrective backfill");
+        # the POST validates them like anything typed.
         form = RequestForm(initial={key: request.GET.get(key, "")[:64] for key in ("job", "start", "end", "cascade")
                                     if request.GET.get(key)})
         return _render_new(request, form)

@@ -66,9 +66,12 @@ class Command(PortalCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--orders-per-day", type=int, default=None)
+        parser.add_argument("--page-views-per-hour", type=int, default=None)
         parser.add_argument("--first", default="2022-09-01")
         parser.add_argument("--last", default="2022-12-31")
         parser.add_argument("--no-data", action="store_true", help="users and catalog only")
+        parser.add_argument("--no-story", action="store_true",
+                            help="source data only: no production history, no incident (web/demo/story.py)")
         parser.add_argument("--demo-passwords", action="store_true",
                             help="give new demo users their well-known passwords even when DEBUG is off "
                                  "(also DEMO_PASSWORDS=1); with DEBUG on they always get them")
@@ -77,10 +80,11 @@ class Command(PortalCommand):
         self.stdout.write(line)
         self.stdout.flush()
 
-    def handle(self, *args, orders_per_day, first, last, no_data, demo_passwords, **options):
+    def handle(self, *args, orders_per_day, page_views_per_hour, first, last, no_data, no_story, demo_passwords, **options):
         from datetime import date
 
-        from backfill_portal.web.demo.sources import load_demo_sources
+        from backfill_portal.web.demo.sources import days_missing, feed_demo_sources, load_demo_sources
+        from backfill_portal.web.demo.story import HISTORY_FIRST, HISTORY_LAST, story_told, tell_story
 
         warehouse = get_warehouse()  # reach both databases before writing to either
         # Well-known passwords on a production deployment would be open doors.
@@ -92,7 +96,8 @@ class Command(PortalCommand):
                               "passwords only with --demo-passwords or DEMO_PASSWORDS=1); set real ones with "
                               "`manage.py changepassword USER`")
         try:
-            report = catalog_sync_file(path=DEMO_CATALOG)
+            report = catalog_sync_file(path=DEMO_CATALOG, actor=User.objects.get(username="admin"),
+                                       reason="load_demo: the demo catalog")
         except CatalogError as exc:
             raise CommandError(f"demo catalog: {exc.message}") from None
         for line in report.lines()[-1:]:
@@ -105,7 +110,27 @@ class Command(PortalCommand):
             kwargs = {"first": date.fromisoformat(first), "last": date.fromisoformat(last)}
         except ValueError as exc:
             raise CommandError(f"--first/--last: {exc}") from None
+        scale = {}
         if orders_per_day:
-            kwargs["orders_per_day"] = orders_per_day
-        counts = load_demo_sources(warehouse, progress=self._progress, **kwargs)
+            scale["orders_per_day"] = orders_per_day
+        if page_views_per_hour:
+            scale["page_views_per_hour"] = page_views_per_hour
+        counts = load_demo_sources(warehouse, progress=self._progress, **kwargs, **scale)
         self.stdout.write("source data: " + ", ".join(f"{k} +{v}" for k, v in counts.items()))
+        fed = feed_demo_sources(warehouse, **scale)
+        if any(fed.values()):
+            self.stdout.write("live feed: the source days around today: " + ", ".join(
+                f"{k} +{v}" for k, v in fed.items()))
+        if no_story:
+            return
+        missing = days_missing(warehouse, first=HISTORY_FIRST, last=HISTORY_LAST)
+        if missing:
+            self.stdout.write(f"story: not told: the source data lacks {missing} day(s) of {HISTORY_FIRST} .. "
+                              f"{HISTORY_LAST} (load them with --first/--last)")
+            return
+        if story_told():
+            self.stdout.write("story: told on an earlier start (the production history and the 2 a.m. incident)")
+            return
+        self._progress("story: publishing the production history Sep - Nov 2022 through the portal, "
+                       "then the 2 a.m. incident ...")
+        tell_story(progress=self._progress)

@@ -15,13 +15,33 @@ from backfill_portal.core.management.base import PortalCommand
 from backfill_portal.web.management.commands.load_demo import demo_logins_note
 
 
+FEED_SECONDS = 600  # the feed loads a day ahead; every ten minutes is plenty
+
+
 class Command(PortalCommand):
     help = "Run web + worker + scheduler together (the embedded default deployment)."
 
     def add_arguments(self, parser):
         parser.add_argument("--addr", default=os.environ.get("PORTAL_ADDR", "127.0.0.1:8000"))
 
+    def _feed(self) -> None:
+        """The demo's live feed (web/demo/sources.py): today's source days, so the
+        scheduler's production runs read real events. Only where `load_demo` ran; a
+        failure is said in one line and tried again at the next feed."""
+        from backfill_portal.backends import get_warehouse
+        from backfill_portal.web.demo.sources import demo_sources_loaded, feed_demo_sources
+
+        try:
+            warehouse = get_warehouse()
+            if demo_sources_loaded(warehouse):
+                fed = feed_demo_sources(warehouse)
+                if any(fed.values()):
+                    self.stdout.write("demo feed: " + ", ".join(f"{k} +{v}" for k, v in fed.items()))
+        except Exception as exc:  # noqa: BLE001 - the feed must not stop the portal
+            self.stderr.write(f"demo feed: {exc}")
+
     def handle(self, *args, addr, **options):
+        self._feed()  # before the scheduler's first tick
         python = sys.executable
         beat_schedule = str(settings.VAR_DIR / "celerybeat-schedule")
         commands = {
@@ -43,8 +63,12 @@ class Command(PortalCommand):
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        next_feed = time.monotonic() + FEED_SECONDS
         try:
             while not stopping:
+                if time.monotonic() >= next_feed:
+                    self._feed()
+                    next_feed = time.monotonic() + FEED_SECONDS
                 for name, proc in procs.items():
                     if not stopping and proc.poll() is not None:
                         exited = (name, proc.returncode)
