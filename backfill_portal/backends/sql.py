@@ -482,9 +482,9 @@ class SqlWarehouse(WarehouseBackend):
                 )
 
     def _reader_indexes(self, spec: DatasetSpec) -> list[tuple[str, ...]]:
-        """The indexes of the reader table: the partition (a publish replaces one) and
-        the declared ones."""
-        return list(dict.fromkeys([("_partition",), *spec.indexes]))
+        """The indexes of the reader table: the partition (a publish replaces one), the
+        partition column readers filter on, and the declared ones."""
+        return list(dict.fromkeys([("_partition",), (spec.partition_key_column,), *spec.indexes]))
 
     def _build_dataset(self, spec: DatasetSpec) -> None:
         """The versions table `<name>__versions` (one index, on the run: a run writes
