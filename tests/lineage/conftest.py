@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tests.lineage.receiver import LineageReceiver
-from tests.lineage.spec import SpecValidator, spec_dir
+from tests.lineage.spec import ClientValidator, SpecValidator, spec_dir
 
 
 @pytest.fixture
@@ -17,8 +17,7 @@ def receiver(settings):
 
 @pytest.fixture(scope="session")
 def openlineage_spec():
+    """The spec's own JSON schemas where they are here, else the client's classes
+    generated from them (tests/lineage/spec.py)."""
     directory = spec_dir()
-    if directory is None:
-        pytest.skip("the OpenLineage spec's JSON schemas are not here: set OPENLINEAGE_SPEC_DIR to the spec/ "
-                    "folder of OpenLineage 1.52.0, or put it at shared/openlineage-spec beside the checkout")
-    return SpecValidator(directory)
+    return SpecValidator(directory) if directory is not None else ClientValidator()
