@@ -22,6 +22,7 @@ import importlib
 import json
 import os
 import pkgutil
+import re
 import types
 import typing
 import uuid
@@ -35,6 +36,7 @@ from referencing import Registry, Resource
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_EVENT = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent"
+SPEC_FACET_URL = re.compile(r"https://openlineage\.io/spec/facets/\d+-\d+-\d+/(?P<file>\w+)\.json#/\$defs/(?P<name>\w+)")
 
 
 def spec_dir() -> Path | None:
@@ -86,13 +88,13 @@ class ClientValidator:
         from openlineage.client.generated import base
 
         self.base = base
-        self.facets: dict[str, type] = {}
+        self.facets: dict[str, type] = {}  # by the name a spec URL's `#/$defs/<name>` gives
         for info in pkgutil.iter_modules(generated.__path__):
             module = importlib.import_module(f"{generated.__name__}.{info.name}")
             for value in vars(module).values():
                 if (isinstance(value, type) and attr.has(value) and issubclass(value, base.BaseFacet)
                         and value.__module__ == module.__name__ and module is not base):
-                    self.facets[value._get_schema()] = value
+                    self.facets[value.__name__] = value
         self.own: dict[str, dict] = {}
         for path in sorted((ROOT / "docs" / "openlineage").glob("*.json")):
             document = json.loads(path.read_text())
@@ -112,9 +114,10 @@ class ClientValidator:
         if url in self.own:
             Draft202012Validator(self.own[url]).validate(value)
             return value
-        if url not in self.facets:
+        match = SPEC_FACET_URL.fullmatch(url)
+        if not match or match["file"] != match["name"] or match["name"] not in self.facets:
             raise AssertionError(f"{where}: no schema for facet {url}")
-        return self._build(value, self.facets[url], where)
+        return self._build(value, self.facets[match["name"]], where)
 
     def _build(self, value: object, cls: type, where: str):
         if not isinstance(value, dict):
