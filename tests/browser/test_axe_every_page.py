@@ -177,7 +177,8 @@ def test_wide_screens_phones_and_keyboards_get_the_whole_console(as_user, person
     assert drawing.evaluate("el => el.scrollWidth > el.clientWidth")
     for _ in range(5):
         olivia.page.keyboard.press("ArrowRight")
-    assert drawing.evaluate("el => el.scrollLeft") > 0
+    # Chromium scrolls by key smoothly: the position moves over the next frames.
+    olivia.page.wait_for_function("el => el.scrollLeft > 0", arg=drawing.element_handle(), timeout=10_000)
     olivia.shot("lineage-panned-390")
     # The approvals inbox's small drawing is a region a keyboard reaches too.
     olivia.goto("/approvals/")

@@ -7,7 +7,10 @@ from datetime import timedelta
 import pytest
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
 
+from backfill_portal.backends import get_warehouse
+from backfill_portal.catalog.specs import spec_for
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Attempt, CheckResult, Run
 from backfill_portal.execution.services.dispatch import dispatch_request
@@ -154,8 +157,10 @@ def test_run_page_shows_phases_rendered_sql_log_lines_and_what_it_read_and_wrote
         assert f'data-phase="{name}"' in phases, name
     assert (" s</td>" in phases or " ms</td>" in phases) and "minutes" not in phases
     sql = section(html, "sql-h")
-    # The template rendered against the run's interval and the upstream version it pinned.
-    assert "GROUP BY category" in sql and "{{" not in sql and upstream.run_id in sql
+    # The template rendered against the run's interval and the upstream version it pinned:
+    # the warehouse's own SQL over exactly that version (on PostgreSQL, its version table).
+    pinned = get_warehouse().ref_sql(spec=spec_for(upstream.job.dataset), pins={"2022-10-01": upstream.run_id})
+    assert "GROUP BY category" in sql and "{{" not in sql and escape(pinned) in sql
     log = section(html, "log-h")
     assert "attempt 1 of dws_sales_daily 2022-10-01 started" in log and "published dws_sales_daily/2022-10-01" in log
     read = section(html, "inputs-h")
