@@ -54,7 +54,9 @@ class Run(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["job", "partition_key"]),
+            # (job, partition) lookups, and "has a later run of this partition published?"
+            # (runs_failing) as one range seek per failed run.
+            models.Index(fields=["job", "partition_key", "status", "id"], name="run_partition_status_id"),
             models.Index(fields=["status", "id"]),
             models.Index(fields=["request", "status"]),
             models.Index(fields=["request", "created_at", "id"]),
