@@ -28,6 +28,7 @@ __all__ = [
     "AlreadyCommitted",
     "ColumnSpec",
     "DatasetSpec",
+    "Estimate",
     "Marker",
     "PointerMove",
     "Profile",
@@ -229,6 +230,21 @@ class Profile:
     measure_sum: float | None  # None: no core measure declared, or no non-NULL value
     fingerprint: str
     columns: list[tuple[str, str]]  # data columns present in the version's storage
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The warehouse's own estimate of a SELECT, taken without running it (`explain`):
+    what an approver reads before saying yes. `rows` and `cost` are the planner's
+    figures for the whole statement, None where the engine gives none; `plan` its
+    lines; `note` says what is missing and why; `error` the planner's refusal."""
+
+    engine: str
+    rows: int | None = None
+    cost: float | None = None
+    plan: tuple[str, ...] = ()
+    note: str = ""
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -490,6 +506,12 @@ class WarehouseBackend(abc.ABC):
     @abc.abstractmethod
     def ts_literal(self, value: datetime) -> str:
         """An aware datetime as a SQL literal of this engine, for rendered templates."""
+
+    def explain(self, select_sql: str) -> Estimate:
+        """The engine's estimate of a SELECT (in `dialect`) without reading its rows.
+        Never raises: a statement the planner refuses is an `Estimate` with `error`.
+        A backend whose engine has no planner to ask keeps this answer."""
+        return Estimate(engine=self.dialect or "warehouse", note="this warehouse gives no estimate")
 
     # -- connections ------------------------------------------------------------------
 

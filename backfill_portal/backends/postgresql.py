@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -23,6 +24,7 @@ from backfill_portal.backends.base import (
     BOOKKEEPING_COLUMNS,
     FINGERPRINT_DECIMALS,
     DatasetSpec,
+    Estimate,
     VersionNumbers,
     WarehouseLockTimeout,
     WarehouseUnavailable,
@@ -38,6 +40,7 @@ _TS_FORMAT = "%Y-%m-%d %H:%M:%S"
 @register_backend("postgresql", "postgres", "pgsql")
 class PostgreSQLWarehouse(SqlWarehouse):
     dialect = "postgresql"
+    ENGINE = "PostgreSQL"
     # The names format_type() reports back, so `ensure_dataset` compares them directly.
     PHYSICAL_TYPES = {
         "text": "text",
@@ -122,6 +125,12 @@ class PostgreSQLWarehouse(SqlWarehouse):
             raise WarehouseUnavailable("the warehouse needs PostgreSQL 14 or newer (hash_record_extended)")
 
     # -- values -----------------------------------------------------------------------
+
+    def _explain(self, select_sql: str) -> Estimate:
+        (plan_json,), = self.query("EXPLAIN (FORMAT JSON) " + select_sql)
+        top = (json.loads(plan_json) if isinstance(plan_json, str) else plan_json)[0]["Plan"]
+        lines = tuple(row[0] for row in self.query("EXPLAIN " + select_sql))
+        return Estimate(engine=self.ENGINE, rows=top.get("Plan Rows"), cost=top.get("Total Cost"), plan=lines)
 
     def ts(self, value: datetime) -> datetime:
         return self._utc(value)

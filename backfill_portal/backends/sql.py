@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -63,6 +64,7 @@ from backfill_portal.backends.base import (
     AlreadyCommitted,
     ColumnSpec,
     DatasetSpec,
+    Estimate,
     Marker,
     PointerMove,
     Profile,
@@ -90,6 +92,8 @@ _META_TABLES = ("_bf_current", "_bf_publications", "_bf_markers")
 _MARKER_NUMBERS = {"null_keys": "integer", "distinct_keys": "integer", "measure_sum": "numeric", "numbers_of": "text"}
 # Run ids per many-versions query: SQLite caps bound parameters.
 CHUNK = 500
+# Lines of a query plan an estimate keeps.
+PLAN_LINES = 40
 
 
 def _quote(name: str) -> str:
@@ -138,6 +142,8 @@ class SqlWarehouse(WarehouseBackend):
     SHARE_LOCK = ""
     #: the driver takes Decimal, date and bool as they are (else: float, ISO text, 0/1).
     NATIVE_VALUES = False
+    #: the engine's name as people write it (an estimate says whose it is).
+    ENGINE = ""
 
     def __init__(self, url: str, *, lock_timeout_seconds: int = 0, idle_in_transaction_timeout_seconds: int = 0,
                  publish_lock_timeout_seconds: float = 1.0, publish_wait_seconds: float = 300.0):
@@ -340,6 +346,17 @@ class SqlWarehouse(WarehouseBackend):
             return self._run(statement, lambda: [d[0] for d in self.conn.execute(statement).description])
         except Exception as exc:
             self._reraise(exc)
+
+    def explain(self, select_sql: str) -> Estimate:
+        try:
+            estimate = self._explain(select_sql)
+        except Exception as exc:  # noqa: BLE001 - an estimate is advice: a refusal is shown, never raised
+            return Estimate(engine=self.ENGINE or self.dialect, error=str(exc).strip().split("\n")[0][:300])
+        return dataclasses.replace(estimate, plan=estimate.plan[:PLAN_LINES])
+
+    def _explain(self, select_sql: str) -> Estimate:
+        """`explain` from the engine's planner (which may refuse: raise)."""
+        return super().explain(select_sql)
 
     @contextlib.contextmanager
     def transaction(self):

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from backfill_portal.backends import register_backend
-from backfill_portal.backends.base import FINGERPRINT_DECIMALS, ColumnSpec, DatasetSpec, WarehouseUnavailable
+from backfill_portal.backends.base import FINGERPRINT_DECIMALS, ColumnSpec, DatasetSpec, Estimate, WarehouseUnavailable
 from backfill_portal.backends.sql import SqlWarehouse, _quote
 
 SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -38,6 +38,7 @@ class SQLiteWarehouse(SqlWarehouse):
     # AUTOINCREMENT: history ids never reuse a deleted id.
     SERIAL_PRIMARY_KEY = "INTEGER PRIMARY KEY AUTOINCREMENT"
     NATIVE_VALUES = False
+    ENGINE = "SQLite"
 
     @classmethod
     def target_of(cls, url: str) -> str:
@@ -101,6 +102,11 @@ class SQLiteWarehouse(SqlWarehouse):
         return {name: kind for name, kind in rows}
 
     # -- fingerprint ------------------------------------------------------------------
+
+    def _explain(self, select_sql: str) -> Estimate:
+        plan = tuple(str(row[-1]) for row in self.query("EXPLAIN QUERY PLAN " + select_sql))
+        return Estimate(engine=self.ENGINE, plan=plan,
+                        note="SQLite's planner gives no row or cost estimate; the past runs' durations are the estimate")
 
     def _fingerprint(self, spec: DatasetSpec, run_id: str) -> str:
         """blake2b over the version's rows in a canonical order.

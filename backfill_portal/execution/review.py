@@ -19,7 +19,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from backfill_portal.backends import get_warehouse
+from backfill_portal.backends import Estimate, get_warehouse
 from backfill_portal.backfills.choices import IntervalStatus
 from backfill_portal.backfills.models import BackfillRequest, Interval
 from backfill_portal.catalog.calendar import previous_partition
@@ -89,7 +89,7 @@ class RequestReview:
     first_interval: Interval | None = None
     rendered_sql: str = ""
     render_note: str = ""
-    estimate: dict = field(default_factory=dict)
+    estimate: Estimate | None = None  # the warehouse's EXPLAIN of the rendered SQL
     estimated_seconds: float | None = None
 
 
@@ -196,27 +196,6 @@ def preview_pins(run: Run, warehouse) -> PinnedInputs:
     return pins
 
 
-def explain_estimate(warehouse, sql: str) -> dict:
-    """The warehouse's estimate of a SELECT, without running it: PostgreSQL's planner
-    (rows and cost of the top node, and the plan's lines); SQLite's query plan, which
-    has no row estimate. Never raises: a statement the planner refuses says so."""
-    dialect = getattr(warehouse, "dialect", "")
-    try:
-        if dialect == "postgresql":
-            (plan_json,), = warehouse.query("EXPLAIN (FORMAT JSON) " + sql)
-            plan = (json.loads(plan_json) if isinstance(plan_json, str) else plan_json)[0]["Plan"]
-            text = [row[0] for row in warehouse.query("EXPLAIN " + sql)]
-            return {"engine": "PostgreSQL", "rows": plan.get("Plan Rows"), "cost": plan.get("Total Cost"),
-                    "plan": text[:40]}
-        if dialect == "sqlite":
-            rows = warehouse.query("EXPLAIN QUERY PLAN " + sql)
-            return {"engine": "SQLite", "rows": None, "cost": None, "plan": [str(r[-1]) for r in rows][:40],
-                    "note": "SQLite's planner gives no row or cost estimate; the past runs' durations are the estimate"}
-    except Exception as exc:  # noqa: BLE001 - an estimate is advice: a refusal is shown, never a 500
-        return {"engine": dialect or "warehouse", "error": str(exc).strip().split("\n")[0][:300]}
-    return {"engine": dialect or "warehouse", "note": "this warehouse gives no estimate"}
-
-
 def request_review(request: BackfillRequest) -> RequestReview:
     warehouse = get_warehouse()
     planned = _planned(request)
@@ -242,7 +221,7 @@ def request_review(request: BackfillRequest) -> RequestReview:
         except ExecutionError as exc:
             review.render_note = f"the template does not render: {exc}"
         else:
-            review.estimate = explain_estimate(warehouse, review.rendered_sql)
+            review.estimate = warehouse.explain(review.rendered_sql)
     else:
         review.render_note = job_review.kind_text or "no SQL to render"
     seconds = 0.0
