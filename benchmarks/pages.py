@@ -24,7 +24,12 @@ What is compared, per page, at two sizes of the same scratch database:
                    latest run (a correlated subquery), ORDER BY job, position LIMIT 2001:
                    one cell per hour, each a link to its run;
     runs list      SELECT the shown columns of the run and its job ORDER BY id DESC LIMIT 51
-                   (measured once the runs list, /runs/, is on this main);
+                   (measured once the runs list, /runs/, is on this main; above the page
+                   it shows the stuck and the failing runs, 50 of each);
+    on-call home   (oscar's /, with the runs list) its failed-runs panel: the shown columns
+                   of the run and its job WHERE failing ORDER BY id DESC LIMIT 20 (the
+                   page also has the stuck, contaminated, reconciling, running and
+                   rollback panels);
 - growth: page p95 at the large size / page p95 at the small size. The bare SELECT's
   own growth is printed too: when it grows as well, the cause is the plan or an index
   (the database), not the view or template.
@@ -45,6 +50,10 @@ directly too: their hash chain is fake (prev_hash/hash are the id in hex), which
 irrelevant to rendering the page but means `audit_verify` would report a broken chain
 on this scratch database. PostgreSQL gets ANALYZE after each phase (autovacuum does it
 in production); SQLite gets none (Django never runs it).
+
+Runs are loaded by SQL, so their Run.failing flags are then set by migration 0007's
+fill statement (failed, and no later run of the partition published), timed and
+printed at each size.
 
 DEBUG is switched off after set-up (no per-query logging in the timed loop). Query
 counts and SQL time per page are taken from one extra render per size, through an
@@ -75,6 +84,7 @@ import statistics
 import sys
 import time
 from datetime import date, datetime, timedelta
+from importlib import import_module
 
 from _setup import alternately, scratch_django
 
@@ -107,6 +117,8 @@ from backfill_portal.catalog.models import Job  # noqa: E402
 from backfill_portal.core.models import AuditEvent  # noqa: E402
 from backfill_portal.core.web import render_page  # noqa: E402
 from backfill_portal.execution.models import Attempt, Run  # noqa: E402
+
+run_failing_fill = import_module("backfill_portal.execution.migrations.0007_run_failing").run_failing_fill
 
 settings.DEBUG = False
 PG = connection.vendor == "postgresql"
@@ -157,6 +169,12 @@ def count(model) -> int:
 
 
 def after_load() -> None:
+    # Runs are loaded by SQL, so their failing flags are set as migration 0007 sets them
+    # for existing rows (the same statement: its time at this size is printed).
+    t0 = time.perf_counter()
+    n = run_failing_fill(connection)
+    print(f"  failing flags   {n:,} runs failing, filled by migration 0007's statement in "
+          f"{time.perf_counter() - t0:.2f}s", flush=True)
     with connection.cursor() as cur:
         for sql in connection.ops.sequence_reset_sql(
                 no_style(), [BackfillRequest, Interval, ApprovalStep, Run, Attempt, AuditEvent]):
@@ -406,6 +424,13 @@ def select_runs() -> None:
                  f"JOIN {qn('catalog_job')} j ON j.id = r.job_id ORDER BY r.id DESC LIMIT 51") == 51
 
 
+def select_failing() -> None:
+    # The on-call home's failed-runs panel: the failing runs, newest first, by their index.
+    fetch(f"SELECT r.id, r.run_id, r.run_type, r.partition_key, r.status, r.created_at, r.error, r.request_id, "
+          f"j.id, j.name FROM {qn('execution_run')} r JOIN {qn('catalog_job')} j ON j.id = r.job_id "
+          f"WHERE r.failing ORDER BY r.id DESC LIMIT 20")
+
+
 def select_audit() -> None:
     assert fetch(f"SELECT * FROM {qn('core_auditevent')} ORDER BY id DESC LIMIT 51") == 51
 
@@ -526,7 +551,8 @@ def measure_all(big_pk: int) -> dict:
     runs = runs_list_url()
     if runs is not None:
         pages["runs list"] = measure("runs list", "oscar", runs, select_runs)
-        users["runs list"] = "oscar"
+        pages["on-call home"] = measure("on-call home", "oscar", reverse("home"), select_failing)
+        users["runs list"] = users["on-call home"] = "oscar"
     else:
         print("  runs list       not measured: no runs list (/runs/) on this main yet", flush=True)
     floors = {user: floor(user) for user in set(users.values())}

@@ -44,6 +44,10 @@ class Run(models.Model):
     verify_heartbeat_at = models.DateTimeField(null=True, blank=True)
     # After a failed attempt, the next one may not start before this (the backoff).
     retry_at = models.DateTimeField(null=True, blank=True)
+    # Failed or verification-failed, and no later run of this job and partition has
+    # been published since: the failure still stands (the runs list's and the on-call
+    # home's "failing"). Kept by execution.transitions.run_transition.
+    failing = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-id"]
@@ -54,9 +58,15 @@ class Run(models.Model):
             ),
         ]
         indexes = [
-            # (job, partition) lookups, and "has a later run of this partition published?"
-            # (runs_failing) as one range seek per failed run.
+            # (job, partition) lookups, and "has a later run of this partition been
+            # published?" (Run.failing's upkeep) as one range seek.
             models.Index(fields=["job", "partition_key", "status", "id"], name="run_partition_status_id"),
+            # The failing runs, newest first: the runs list and the on-call home read 50;
+            # of some jobs (a filter, an owner's datasets). Partial: they hold only
+            # those runs, and `WHERE failing` (how the ORM writes failing=True) matches
+            # their condition on both backends.
+            models.Index(fields=["id"], condition=models.Q(failing=True), name="run_failing_id"),
+            models.Index(fields=["job", "id"], condition=models.Q(failing=True), name="run_failing_job_id"),
             models.Index(fields=["status", "id"]),
             models.Index(fields=["request", "status"]),
             models.Index(fields=["request", "created_at", "id"]),

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import DateTimeField, Exists, F, Max, OuterRef, QuerySet, Subquery
+from django.db.models import DateTimeField, F, Max, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -40,8 +40,6 @@ def verification_original(verification: Run) -> Run | None:
 
 # --- The runs list: failing and stuck first -------------------------------------------------
 
-FAILING = (RunStatus.FAILED, RunStatus.VERIFICATION_FAILED)
-
 
 def run_last_alive() -> Greatest:
     """When an active run last showed life: sent to a worker, started, beating (an
@@ -67,10 +65,9 @@ def runs_stuck(qs: QuerySet[Run], *, now: datetime | None = None) -> QuerySet[Ru
 
 def runs_failing(qs: QuerySet[Run]) -> QuerySet[Run]:
     """Failed or verification-failed runs whose partition no later run of the same job
-    has published since (the failure still stands)."""
-    fixed = Run.objects.filter(job_id=OuterRef("job_id"), partition_key=OuterRef("partition_key"),
-                               pk__gt=OuterRef("pk"), status=RunStatus.PUBLISHED)
-    return qs.filter(status__in=FAILING).filter(~Exists(fixed))
+    has published since (the failure still stands): Run.failing, which
+    execution.transitions keeps, read by its (failing, id) index."""
+    return qs.filter(failing=True)
 
 
 @dataclass(frozen=True)

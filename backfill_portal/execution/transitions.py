@@ -4,6 +4,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from django.db import transaction
+from django.db.models import Exists
 
 from backfill_portal.core.transitions import apply_transition
 from backfill_portal.execution.choices import AttemptStatus as A
@@ -27,6 +28,10 @@ RUN_EDGES: dict[str, frozenset[str]] = {
 }
 RUN_TERMINAL = frozenset({R.PUBLISHED, R.VERIFICATION_FAILED, R.CANCELLED, R.SUPERSEDED, R.ROLLED_BACK})
 RUN_ACTIVE = frozenset({R.QUEUED, R.RUNNING, R.STAGED, R.VERIFYING, R.VERIFIED})
+# A run in one of these is failing (Run.failing) until a later run of its job and
+# partition is published; one of RUN_WAS_PUBLISHED has been published at some point.
+RUN_FAILED = frozenset({R.FAILED, R.VERIFICATION_FAILED})
+RUN_WAS_PUBLISHED = frozenset({R.PUBLISHED, R.SUPERSEDED, R.ROLLED_BACK})
 
 ATTEMPT_EDGES: dict[str, frozenset[str]] = {
     A.RUNNING: frozenset({A.SUCCEEDED, A.FAILED, A.LOST}),
@@ -41,6 +46,11 @@ def run_transition(run: Run, *, to: str, actor=None, reason: str = "", updates: 
     """Its OpenLineage event (if the edge emits one, and lineage is on) is written in the
     same transaction as the state and its audit row, and sent after commit."""
     before = run.status
+    updates = dict(updates or {})
+    if to in RUN_FAILED:
+        updates["failing"] = True  # unless a later run was published: run_failing_keep below
+    elif before in RUN_FAILED:
+        updates["failing"] = False  # retried or cancelled: no longer a failure that stands
     # Inside the caller's transaction as it is (no savepoint, and a lost race raised by
     # apply_transition leaves that transaction usable); alone, one transaction of its own.
     with nullcontext() if transaction.get_connection().in_atomic_block else transaction.atomic():
@@ -49,8 +59,41 @@ def run_transition(run: Run, *, to: str, actor=None, reason: str = "", updates: 
             dataset=run.job.dataset.name, reason=reason, updates=updates, expect=expect,
             data={"run_id": run.run_id, "partition": run.partition_key, **(data or {})},
         )
+        if to in RUN_FAILED:
+            run_failing_keep(run)
+        elif to == R.PUBLISHED:
+            runs_failing_clear(run)
         lineage_transition(run, Transition(before=before, to=to, actor=actor, reason=reason, data=data or {}))
     return run
+
+
+# --- Run.failing: "failed, and no later run of its partition published since" ----------------
+#
+# Kept here, in the transaction of the transition that changes it, so the runs list and
+# the on-call home read failing runs by the (failing, id) index instead of probing every
+# failed run's partition. A publication clears it for good: a rollback of the repairing
+# run does not bring the old failure back (the partition was repaired; what the rollback
+# restored is on the home page's rollbacks panel).
+#
+# Each side reads after its transition's audit row, and writing one takes the audit
+# chain's lock until commit (PostgreSQL: an advisory lock; SQLite: one writer at a
+# time), so a failure and a concurrent publication of a later run of the same
+# partition never both miss each other: the second to take the lock sees the first.
+
+
+def run_failing_keep(run: Run) -> None:
+    """`run` has just failed (its claim set failing): clear it again if a later run of
+    its job and partition has been published (runs may finish out of order)."""
+    later = Run.objects.filter(job_id=run.job_id, partition_key=run.partition_key, pk__gt=run.pk,
+                               status__in=RUN_WAS_PUBLISHED)
+    if Run.objects.filter(pk=run.pk).filter(Exists(later)).update(failing=False):
+        run.failing = False
+
+
+def runs_failing_clear(run: Run) -> None:
+    """`run` has just been published: earlier failures of its partition are repaired."""
+    Run.objects.filter(job_id=run.job_id, partition_key=run.partition_key, pk__lt=run.pk,
+                       failing=True).update(failing=False)
 
 
 def attempt_transition(attempt: Attempt, *, to: str, actor=None, reason: str = "", updates: dict | None = None) -> Attempt:
