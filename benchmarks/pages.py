@@ -262,7 +262,8 @@ def run_row(run_id: int, job_id: int, run_type: str, request_id, interval_id, ke
     return (run_id, f"run_{run_id:016x}", job_id, run_type, request_id, interval_id, key, start, end, cv, status,
             REQUESTERS[run_id % len(REQUESTERS)] if run_type == "backfill" else None, ts(created),
             ts(created + timedelta(seconds=5)) if status != "queued" else None, finished,
-            "boom: upstream partition missing" if status == "failed" else "", "", "[]", None, 0, None, None)
+            "boom: upstream partition missing" if status == "failed" else "", "", "[]", None, 0, None, None,
+            False)  # failing: set after loading (after_load), as migration 0007 sets it
 
 
 def attempt_rows(run: tuple, attempt_id: int):
