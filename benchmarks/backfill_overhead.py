@@ -29,7 +29,7 @@ import time
 from collections import deque
 from datetime import date
 
-from _setup import ROOT, scratch_django
+from _setup import ROOT, scratch_django, wait_while_request_is
 
 ORDERS = int(os.environ.get("ORDERS_PER_DAY", "12000"))
 FIRST, LAST = date(2022, 9, 1), date(2022, 11, 29)
@@ -211,16 +211,8 @@ def portal_on_worker() -> float:
     with outbox.use_publisher(outbox.broker_publish):
         t0 = time.perf_counter()
         request = file_and_approve()
-        # Every 25 ms: the end is seen at most 0.3 ms per interval late. One prepared
-        # statement on a raw cursor, not the ORM, so that the polling takes as little
-        # as it can of the CPU the worker is timed on.
-        table = connection.ops.quote_name(BackfillRequest._meta.db_table)
-        with connection.cursor() as cursor:
-            while True:
-                cursor.execute(f"SELECT status FROM {table} WHERE id = %s", [request.pk])
-                if (now := cursor.fetchone()[0]) not in ("approved", "running"):
-                    break
-                time.sleep(0.025)
+        # Every 25 ms: the end is seen at most 0.3 ms per interval late.
+        now = wait_while_request_is(request.pk, interval=0.025)
         elapsed = time.perf_counter() - t0
         assert now == "reconciling", now
         # Let the reconciliation task finish before anything else is timed.

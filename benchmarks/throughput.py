@@ -123,15 +123,9 @@ def portal(first: date, days: int = DAYS) -> tuple[float, float, float]:
                                              max_active_intervals=ACTIVE)
         backfill_request_submit(actor=alice, request_id=request.pk, confirm_overlap=True)
         backfill_request_decide(actor=olivia, request_id=request.pk, approve=True)
-        # One statement on a raw cursor every 50 ms: as little as it can of the CPU the
-        # worker is timed on.
-        table = connection.ops.quote_name(BackfillRequest._meta.db_table)
-        with connection.cursor() as cursor:
-            while True:
-                cursor.execute(f"SELECT status FROM {table} WHERE id = %s", [request.pk])
-                if (now := cursor.fetchone()[0]) not in ("approved", "running"):
-                    break
-                time.sleep(0.05)
+        from _setup import wait_while_request_is
+
+        now = wait_while_request_is(request.pk, interval=0.05)  # 50 ms: little of the worker's CPU
     assert now == "reconciling", now
     finished = [f.timestamp() for f in Run.objects.filter(request=request, status="published")
                 .values_list("finished_at", flat=True)]
