@@ -65,7 +65,8 @@ __all__ = [
     "rounded_measure",
 ]
 
-BUILTIN_BACKENDS = ("backfill_portal.backends.sqlite", "backfill_portal.backends.postgresql")
+BUILTIN_BACKENDS = ("backfill_portal.backends.sqlite", "backfill_portal.backends.postgresql",
+                    "backfill_portal.backends.iceberg")
 
 _backends: dict[str, type[WarehouseBackend]] = {}
 _builtins_loaded = False

@@ -85,24 +85,70 @@ def order_rows(n: int, *, seed: int = 0) -> list[tuple]:
     ]
 
 
+def files_layout(wh: WarehouseBackend) -> bool:
+    """A backend whose versions are data files under the run's directory (Iceberg), not
+    rows of a version table: the helpers below reach its layout through its public
+    `run_files`, `run_location` and `version_sql`."""
+    return hasattr(wh, "run_files")
+
+
+def needs_sql_layout(wh: WarehouseBackend) -> None:
+    if files_layout(wh):
+        pytest.skip("reaches the SQL backends' tables (_bf_markers, a version table) directly")
+
+
 def count_version_rows(wh: WarehouseBackend, run_id: str, spec: DatasetSpec = ORDERS) -> int:
+    """The rows of the run's version (Iceberg: of its committed files; none without a marker)."""
+    if files_layout(wh):
+        if wh.marker(run_id) is None:
+            return 0
+        return wh.query(f"SELECT COUNT(*) FROM {wh.version_sql(spec, run_id)} AS v")[0][0]
     table = wh.version_table(spec, run_id)
     if not wh.table_exists(table):
         return 0
     return wh.query(f'SELECT COUNT(*) FROM "{table}" WHERE "_run_id" = ?', (run_id,))[0][0]
 
 
+def count_written_rows(wh: WarehouseBackend, run_id: str, spec: DatasetSpec = ORDERS) -> int:
+    """Rows really written under the run so far, committed or not: on the SQL backends the
+    version's rows (what its open transaction sees), on Iceberg the rows of every whole
+    data file under the run's directories."""
+    if not files_layout(wh):
+        return count_version_rows(wh, run_id, spec)
+    return sum(wh.query("SELECT COUNT(*) FROM read_parquet(?)", (path,))[0][0] for path in wh.run_files(spec, run_id))
+
+
 def version_rows(wh: WarehouseBackend, run_id: str, spec: DatasetSpec = ORDERS) -> list[tuple]:
     """A version's rows as the driver returns them, in a canonical order."""
     columns = ", ".join(f'"{c}"' for c in spec.column_names)
+    if files_layout(wh):
+        return sorted(wh.query(f"SELECT {columns} FROM {wh.version_sql(spec, run_id)} AS v"), key=repr)
     rows = wh.query(f'SELECT {columns} FROM "{wh.version_table(spec, run_id)}" WHERE "_run_id" = ?', (run_id,))
     return sorted(rows, key=repr)
 
 
+def version_bookkeeping(wh: WarehouseBackend, run_id: str, spec: DatasetSpec = ORDERS) -> list[tuple]:
+    """The distinct (_attempt, _partition) of a version's rows."""
+    if files_layout(wh):
+        return wh.query(f'SELECT DISTINCT "_attempt", "_partition" FROM {wh.version_sql(spec, run_id)} AS v')
+    return wh.query(f'SELECT DISTINCT "_attempt", "_partition" FROM "{wh.version_table(spec, run_id)}" '
+                    'WHERE "_run_id" = ?', (run_id,))
+
+
 def leave_partial_rows(wh: WarehouseBackend, run_id: str, rows: list[tuple], spec: DatasetSpec = ORDERS) -> None:
     """Rows under `run_id` without a marker, outside any staging transaction (a table of
-    their own where the backend keeps one per version)."""
+    their own where the backend keeps one per version; a data file in the run's
+    directory on Iceberg)."""
     wh.ensure_dataset(spec)
+    if files_layout(wh):
+        for i, (order_id, line_no, run, partition, attempt) in enumerate(rows):
+            directory = Path(wh.run_location(spec, partition, run))
+            directory.mkdir(parents=True, exist_ok=True)
+            path = str(directory / f"part-left-{i}.parquet")
+            wh.query(f"COPY (SELECT ?::VARCHAR AS order_id, ?::BIGINT AS line_no, ?::VARCHAR AS _run_id, "
+                     f"?::VARCHAR AS _partition, ?::BIGINT AS _attempt) TO '{path}' (FORMAT parquet)",
+                     (order_id, line_no, run, partition, attempt))
+        return
     table = wh.version_table(spec, run_id)
     if not wh.table_exists(table):
         wh.execute(f'CREATE TABLE "{table}" AS SELECT * FROM "{spec.name}" WHERE 1 = 0')
@@ -152,17 +198,28 @@ def in_threads(db: WarehouseBackend, n: int, work) -> list[tuple[str, object]]:
 
 # The registered backends under contract, by name: each yields the URL of a fresh,
 # empty warehouse. test_every_registered_backend_is_under_contract keeps it complete.
-BUILTIN_CONTRACT = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+SQL_CONTRACT = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+# Iceberg: pyiceberg's SQL catalog in a SQLite file or in the PostgreSQL database.
+BUILTIN_CONTRACT = [*SQL_CONTRACT, "iceberg", pytest.param("iceberg-postgresql", marks=pytest.mark.postgres)]
 
 
 @pytest.fixture(params=BUILTIN_CONTRACT)
 def backend_url(request, tmp_path):
+    return warehouse_url(request, tmp_path)
+
+
+def warehouse_url(request, tmp_path) -> str:
+    """The URL of a fresh, empty warehouse of the kind `request.param` names."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
+    if request.param == "iceberg":  # pyiceberg's SQL catalog in a SQLite file, files under tmp_path
+        return f"iceberg+sqlite:///{tmp_path / 'catalog.db'}?warehouse={tmp_path / 'iceberg'}"
     url = request.getfixturevalue("pg_url")
     with psycopg.connect(url, autocommit=True) as conn:  # a clean schema per test
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
+    if request.param == "iceberg-postgresql":  # the catalog in PostgreSQL
+        return f"iceberg+{url}?warehouse={tmp_path / 'iceberg'}"
     return url
 
 
@@ -177,7 +234,8 @@ def test_every_registered_backend_is_under_contract(tmp_path):
     """A backend registered in backfill_portal.backends must be in BUILTIN_CONTRACT (or,
     outside the package, run this module against itself as
     tests/extending/test_warehouse_backend.py does)."""
-    covered = {backend_class(f"sqlite:///{tmp_path / 'w.sqlite3'}"), backend_class("postgresql://h/d")}
+    covered = {backend_class(f"sqlite:///{tmp_path / 'w.sqlite3'}"), backend_class("postgresql://h/d"),
+               backend_class(f"iceberg+sqlite:///{tmp_path / 'c.db'}")}
     builtin = {cls for cls in registered_schemes().values() if cls.__module__.startswith("backfill_portal.")}
     assert builtin == covered
 
@@ -203,7 +261,7 @@ def test_crash_mid_stage_leaves_no_rows_and_no_marker_and_the_retry_publishes_ex
     def rows_then_worker_lost():
         for i, row in enumerate(rows):
             if i == 920:  # 92% through
-                rows_in_the_failed_transaction.append(count_version_rows(wh, "run-1"))
+                rows_in_the_failed_transaction.append(count_written_rows(wh, "run-1"))
                 raise RuntimeError("worker lost")
             yield row
 
@@ -213,7 +271,7 @@ def test_crash_mid_stage_leaves_no_rows_and_no_marker_and_the_retry_publishes_ex
     # Nine chunks had really been written before the failure...
     assert rows_in_the_failed_transaction == [900]
     # ...and none of them, nor a marker, survived it.
-    assert count_version_rows(wh, "run-1") == 0
+    assert count_version_rows(wh, "run-1") == 0 == count_written_rows(wh, "run-1")
     assert wh.marker("run-1") is None
 
     marker = stage(wh, "run-1", rows, attempt_no=2, chunk_size=100)
@@ -234,7 +292,7 @@ def test_killed_worker_mid_stage_leaves_no_rows_and_no_marker(wh):
         import sys, time
         import importlib
         from backfill_portal.backends import make_warehouse
-        from tests.backends.test_contract import DAY, ORDERS, count_version_rows, order_rows
+        from tests.backends.test_contract import DAY, ORDERS, count_written_rows, order_rows
 
         importlib.import_module(sys.argv[2])  # the backend's module: registers it
         wh = make_warehouse(sys.argv[1])
@@ -242,7 +300,7 @@ def test_killed_worker_mid_stage_leaves_no_rows_and_no_marker(wh):
         def rows():
             for i, row in enumerate(order_rows(1000)):
                 if i == 920:
-                    print(count_version_rows(wh, "run-killed"), flush=True)
+                    print(count_written_rows(wh, "run-killed"), flush=True)
                     time.sleep(120)  # holding the transaction open until killed
                 yield row
 
@@ -266,6 +324,10 @@ def test_killed_worker_mid_stage_leaves_no_rows_and_no_marker(wh):
 
     assert count_version_rows(wh, "run-killed") == 0
     assert wh.marker("run-killed") is None
+    if files_layout(wh):  # the dead writer's whole files stay, invisible, until swept
+        assert wh.read_partition("orders", DAY) == []
+        assert len(wh.sweep_orphans(ORDERS)) == 9
+        assert count_written_rows(wh, "run-killed") == 0
     # The retry stages cleanly.
     assert stage(wh, "run-killed", order_rows(1000), attempt_no=2).row_count == 1000
 
@@ -313,8 +375,7 @@ def test_stage_select_writes_the_select_output_as_the_runs_version(wh):
     assert copy.row_count == 60 and copy.fingerprint == source.fingerprint
     assert version_rows(wh, "run-copy") == version_rows(wh, "run-source")
     assert some.row_count == 20 and some.attempt_no == 2
-    attempts = wh.query(f'SELECT DISTINCT "_attempt", "_partition" FROM "{wh.version_table(ORDERS, "run-some")}" '
-                        'WHERE "_run_id" = ?', ("run-some",))
+    attempts = version_bookkeeping(wh, "run-some")
     assert attempts == [(2, DAY)]
 
 
@@ -732,7 +793,11 @@ def test_the_marker_holds_the_numbers_taken_with_the_rows(wh):
     assert marker.numbers_of == "order_id,line_no|amount"
     # Rows changed behind the adapter's back (nothing in the portal does) do not
     # change what the committed version attests.
-    wh.execute(f'DELETE FROM "{wh.version_table(ORDERS, "run-1")}" WHERE "_run_id" = ?', ("run-1",))
+    if files_layout(wh):
+        for path in wh.run_files(ORDERS, "run-1"):
+            Path(path).unlink()
+    else:
+        wh.execute(f'DELETE FROM "{wh.version_table(ORDERS, "run-1")}" WHERE "_run_id" = ?', ("run-1",))
     profile = wh.profile(spec=ORDERS, run_id="run-1")
     assert (profile.row_count, profile.null_keys, profile.distinct_keys, profile.duplicate_keys) == (32, 1, 30, 1)
 
@@ -741,6 +806,7 @@ def test_numbers_are_counted_again_when_the_marker_lacks_them_or_the_key_changed
     rows = order_rows(20)
     stage(wh, "run-old", rows + [rows[0]])
     stage(wh, "run-new", rows)
+    needs_sql_layout(wh)
     # A marker from before markers kept numbers.
     wh.execute('UPDATE "_bf_markers" SET "null_keys" = NULL, "distinct_keys" = NULL, "measure_sum" = NULL, '
                   '"numbers_of" = NULL WHERE "run_id" = ?', ("run-old",))
@@ -756,6 +822,7 @@ def test_numbers_are_counted_again_when_the_marker_lacks_them_or_the_key_changed
 
 def test_an_older_marker_table_gains_the_number_columns(backend_url):
     old = make_warehouse(backend_url)
+    needs_sql_layout(old)
     ts = "timestamp with time zone" if old.dialect == "postgresql" else "TEXT"
     old.execute(f"""CREATE TABLE "_bf_markers" ("run_id" TEXT PRIMARY KEY, "attempt_no" INTEGER NOT NULL,
         "dataset" TEXT NOT NULL, "partition" TEXT NOT NULL, "row_count" INTEGER NOT NULL,
@@ -775,6 +842,7 @@ def test_many_profiles_come_from_markers_and_agree_with_counting(wh):
     staged = {"run-a": rows, "run-b": rows + rows[:3] + [(None,) + rows[5][1:]], "run-c": rows[:10]}
     for run_id, version in staged.items():
         stage(wh, run_id, version)
+    needs_sql_layout(wh)
     wh.execute('UPDATE "_bf_markers" SET "distinct_keys" = NULL WHERE "run_id" = ?', ("run-c",))
 
     numbers = wh.profile_many(spec=ORDERS, run_ids=["run-a", "run-b", "run-c", "run-none"])
@@ -820,6 +888,7 @@ def test_ensure_dataset_is_idempotent_and_adds_a_new_column_without_losing_old_v
 def test_a_fresh_adapter_reads_an_existing_warehouse_without_a_write_transaction(wh, monkeypatch):
     """Each process makes its own backend; on SQLite a needless DDL transaction would
     take the single write lock for what is only a read."""
+    needs_sql_layout(wh)
     stage(wh, "run-a", order_rows(5))
     publish(wh, "run-a", None)
     opened = []

@@ -13,14 +13,21 @@ from tests.backends.test_contract import (  # noqa: F401 - fixtures
     DAY,
     NEXT_DAY,
     ORDERS,
+    SQL_CONTRACT,
     as_tuples,
-    backend_url,
     order_rows,
     publish,
     stage,
     version_rows,
+    warehouse_url,
     wh,
 )
+
+
+@pytest.fixture(params=SQL_CONTRACT)
+def backend_url(request, tmp_path):
+    """The SQL backends' layout (Iceberg's is tests/backends/test_iceberg.py)."""
+    return warehouse_url(request, tmp_path)
 
 # The partition key in a column of its own (`ds`), and two indexes readers need.
 DAILY = DatasetSpec(

@@ -1,0 +1,1087 @@
+"""An Apache Iceberg warehouse: every produced dataset is an Iceberg table (pyiceberg's
+SQL catalog on SQLite or PostgreSQL, data files under a warehouse location), and SQL
+jobs, checks and `query` run in DuckDB over the pinned versions' Parquet files.
+
+    iceberg+sqlite:///var/catalog.db?warehouse=/var/warehouse
+    iceberg+postgresql://user@host:5432/catalog?warehouse=/srv/warehouse
+
+The layout and the reasons are docs/iceberg.md. In short: a run writes its data files
+under `<table>/data/<partition column>=<key>/_runs/<run_id>/` and then a commit marker
+(`_bf_marker.json`: attempt, files, numbers and fingerprint taken from the rows as they
+were written) there, indexed in the catalog database; nothing a reader of the table sees
+changes. Publishing is ONE Iceberg commit that removes the partition's live files and
+adds the run's, and sets the table property `bf.current.<partition>` (the pointer) in the
+same metadata commit; our compare-and-set is the check of that property on the snapshot
+the commit is based on, and the commit's own requirement that the branch is still at that
+snapshot (a lost race: CommitFailedException, reload, check again). pyiceberg's retries
+are off (`commit.retry.num-retries=0`): a retry must re-check the pointer, which only we
+know how to do. The publication history is a table of the catalog database, each row
+also carried by its snapshot's summary (`bf.*`) so a crash between the commit and the
+row is repaired from the table itself.
+
+Local warehouse paths only for now: object storage (s3://...) needs the staging, marker
+and sweep code to go through pyarrow's filesystems (docs/iceberg.md, "Not yet").
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlparse
+
+from backfill_portal.backends import register_backend
+from backfill_portal.backends.base import (
+    BOOKKEEPING_COLUMNS,
+    FINGERPRINT_DECIMALS,
+    MAX_DATASET_NAME,
+    AlreadyCommitted,
+    ColumnSpec,
+    DatasetSpec,
+    Marker,
+    PointerMove,
+    Profile,
+    PublicationRecord,
+    PublishConflict,
+    PurgeRefused,
+    VersionNotCommitted,
+    VersionNumbers,
+    WarehouseBackend,
+    WarehouseLockTimeout,
+    WarehouseUnavailable,
+    identifier,
+    rounded_measure,
+)
+from backfill_portal.core.errors import ValidationError
+
+MARKER_FILE = "_bf_marker.json"
+LOCK_FILE = "_bf_writer.lock"
+POINTER_PREFIX = "bf.current."
+NAMESPACE = "backfill"
+# The engine's type of each declared column type (DuckDB), and Iceberg's.
+DUCK_TYPES = {"text": "VARCHAR", "integer": "BIGINT", "numeric": "DOUBLE", "timestamp": "TIMESTAMPTZ",
+              "date": "DATE", "boolean": "BOOLEAN"}
+BOOKKEEPING_TYPES = {"_run_id": "text", "_partition": "text", "_attempt": "integer"}
+CHUNK = 500
+
+
+def _quote(name: str) -> str:
+    return f'"{name}"'
+
+
+def _literal(value: str) -> str:
+    """A string as a DuckDB literal, for rendered SQL: `?` and control characters are
+    refused like the SQL backends do (a rendered template may be parameterised later)."""
+    if not isinstance(value, str) or any(ch == "?" or ord(ch) < 32 for ch in value):
+        raise ValidationError(f"{value!r} cannot be rendered as a SQL literal")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def _iceberg_type(logical: str):
+    from pyiceberg.types import BooleanType, DateType, DoubleType, LongType, StringType, TimestamptzType
+
+    return {"text": StringType(), "integer": LongType(), "numeric": DoubleType(), "timestamp": TimestamptzType(),
+            "date": DateType(), "boolean": BooleanType()}[logical]
+
+
+def _logical_type(iceberg_type) -> str:
+    from pyiceberg.types import BooleanType, DateType, DoubleType, LongType, StringType, TimestamptzType
+
+    for logical, cls in (("text", StringType), ("integer", LongType), ("numeric", DoubleType),
+                         ("timestamp", TimestamptzType), ("date", DateType), ("boolean", BooleanType)):
+        if isinstance(iceberg_type, cls):
+            return logical
+    return str(iceberg_type)
+
+
+# -- values: Python -> what the Parquet column holds ---------------------------------------
+
+
+def _converter(col: ColumnSpec):
+    def text(v):
+        return v if v is None or isinstance(v, str) else str(v)
+
+    def integer(v):
+        if v is None or type(v) is int:
+            return v
+        if isinstance(v, str):
+            return int(v)
+        if isinstance(v, (bool, int)) or (isinstance(v, (float, Decimal)) and v == int(v)):
+            return int(v)
+        raise TypeError("not an integer")
+
+    def numeric(v):
+        if v is None:
+            return None
+        if isinstance(v, str):
+            v = Decimal(v)
+        if isinstance(v, bool) or not isinstance(v, (int, float, Decimal)):
+            raise TypeError("not a number")
+        return float(v)
+
+    def timestamp(v):
+        if v is None:
+            return None
+        if isinstance(v, str):
+            v = datetime.fromisoformat(v)
+        if not isinstance(v, datetime):
+            raise TypeError("not a datetime")
+        if v.tzinfo is None or v.utcoffset() is None:
+            raise ValueError("a naive datetime is ambiguous: give it a timezone")
+        return v.astimezone(timezone.utc)
+
+    def day(v):
+        if v is None:
+            return None
+        if isinstance(v, str):
+            v = date.fromisoformat(v)
+        if isinstance(v, datetime) or not isinstance(v, date):
+            raise TypeError("not a date (a datetime is ambiguous: which timezone's day?)")
+        return v
+
+    def boolean(v):
+        if v is None:
+            return None
+        if not isinstance(v, (bool, int)) or v not in (0, 1):
+            raise TypeError("not a boolean")
+        return bool(v)
+
+    return {"text": text, "integer": integer, "numeric": numeric, "timestamp": timestamp, "date": day,
+            "boolean": boolean}[col.type]
+
+
+def _row_text_sql(spec: DatasetSpec, alias: str = "") -> str:
+    """DuckDB: one canonical text per row of the declared columns, each value length-
+    prefixed (so NULL, '' and ('x', 12) vs ('x1', 2) differ), numbers rounded like every
+    backend's fingerprint, instants as epoch microseconds."""
+    parts = []
+    for col in spec.columns:
+        ref = f"{alias}{_quote(col.name)}"
+        rendered = {
+            "text": ref,
+            "integer": f"CAST({ref} AS VARCHAR)",
+            "numeric": f"printf('%.{FINGERPRINT_DECIMALS}f', round({ref}, {FINGERPRINT_DECIMALS}) + 0.0)",
+            "timestamp": f"CAST(epoch_us({ref}) AS VARCHAR)",
+            "date": f"CAST({ref} AS VARCHAR)",
+            "boolean": f"CASE WHEN {ref} THEN 't' ELSE 'f' END",
+        }[col.type]
+        parts.append(f"COALESCE(CAST(length({rendered}) AS VARCHAR) || ':' || {rendered}, 'n')")
+    return " || '|' || ".join(parts)
+
+
+def _numbers_sql(spec: DatasetSpec, source: str) -> str:
+    keys = [_quote(k) for k in spec.business_key]
+    any_null = " OR ".join(f"{k} IS NULL" for k in keys)
+    none_null = " AND ".join(f"{k} IS NOT NULL" for k in keys)
+    key = keys[0] if len(keys) == 1 else f"({', '.join(keys)})"
+    measure = f"SUM({_quote(spec.core_measure)})" if spec.core_measure else "NULL"
+    row = _row_text_sql(spec)
+    return (f"SELECT COUNT(*), COUNT(*) FILTER (WHERE {any_null}), "
+            f"COUNT(DISTINCT {key}) FILTER (WHERE {none_null}), {measure}, "
+            f"SUM(md5_number_upper({row})), SUM(md5_number_lower({row})) FROM {source}")
+
+
+def _fingerprint_of(upper, lower) -> str:
+    return f"{int(upper or 0) % 2**64:016x}{int(lower or 0) % 2**64:016x}"
+
+
+@register_backend("iceberg")
+class IcebergWarehouse(WarehouseBackend):
+    """Iceberg tables in pyiceberg's SQL catalog; DuckDB as the engine (docs/iceberg.md)."""
+
+    dialect = "duckdb"
+
+    def __init__(self, url: str, **kwargs: Any):
+        super().__init__(url, **kwargs)
+        parsed = urlparse(url)
+        kind = parsed.scheme.partition("+")[2]
+        query = parse_qs(parsed.query)
+        if kind == "sqlite":
+            path = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
+            if not path:
+                raise ValidationError("WAREHOUSE_URL: iceberg+sqlite:///<catalog file> needs a path",
+                                      field="WAREHOUSE_URL")
+            self.catalog_uri = f"sqlite:///{path}"
+            default_wh = str(Path(path).resolve().parent / "iceberg-warehouse")
+        elif kind in ("postgresql", "postgres"):
+            self.catalog_uri = parsed._replace(scheme="postgresql+psycopg", query="").geturl()
+            default_wh = ""
+        else:
+            raise ValidationError(
+                f"WAREHOUSE_URL: iceberg+{kind or '?'}:// is not a catalog this backend knows "
+                "(iceberg+sqlite:///path or iceberg+postgresql://...)", field="WAREHOUSE_URL")
+        self.warehouse_path = (query.get("warehouse") or [default_wh])[0]
+        if not self.warehouse_path:
+            raise ValidationError("WAREHOUSE_URL: ?warehouse=<path> is required for a PostgreSQL catalog",
+                                  field="WAREHOUSE_URL")
+        if "://" in self.warehouse_path and not self.warehouse_path.startswith("file://"):
+            raise ValidationError("WAREHOUSE_URL: only a local warehouse path is supported yet",
+                                  field="WAREHOUSE_URL")
+        self.warehouse_path = str(Path(self.warehouse_path.removeprefix("file://")).resolve())
+        self.namespace = (query.get("namespace") or [NAMESPACE])[0]
+        identifier(self.namespace, what="namespace")
+        self._catalog = None
+        self._catalog_lock = threading.Lock()
+        self._local = threading.local()
+        self._ready: set[tuple] = set()
+        self._meta_ready = False
+        self._data_file_cache: dict[tuple, Any] = {}
+
+    # -- connections ------------------------------------------------------------------
+
+    @property
+    def catalog(self):
+        if self._catalog is None:
+            with self._catalog_lock:
+                if self._catalog is None:
+                    from pyiceberg.catalog.sql import SqlCatalog
+
+                    try:
+                        self._catalog = SqlCatalog("backfill", uri=self.catalog_uri,
+                                                   warehouse=f"file://{self.warehouse_path}")
+                    except Exception as exc:
+                        raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_uri}: {exc}") from exc
+        return self._catalog
+
+    @property
+    def engine(self):
+        """The catalog database (SQLAlchemy): pyiceberg's tables and ours."""
+        return self.catalog.engine
+
+    @property
+    def duck(self):
+        """This thread's DuckDB connection (in memory; nothing is kept in it)."""
+        con = getattr(self._local, "duck", None)
+        if con is None:
+            import duckdb
+
+            con = duckdb.connect()
+            con.execute("SET TimeZone = 'UTC'")
+            self._local.duck = con
+        return con
+
+    def close(self) -> None:
+        con = getattr(self._local, "duck", None)
+        if con is not None:
+            con.close()
+            self._local.duck = None
+
+    def probe(self, *, timeout: float | None = None) -> None:
+        import sqlalchemy
+
+        args = {}
+        if self.catalog_uri.startswith("postgresql"):
+            args = {"connect_timeout": max(1, int(timeout or 5))}
+        elif not Path(self.catalog_uri.removeprefix("sqlite:///")).parent.is_dir():
+            raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_uri}: its directory does not exist")
+        engine = sqlalchemy.create_engine(self.catalog_uri, connect_args=args, poolclass=sqlalchemy.pool.NullPool)
+        try:
+            with engine.connect() as conn:
+                conn.execute(sqlalchemy.text("SELECT 1"))
+        except Exception as exc:
+            raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_uri}: {exc}") from exc
+        finally:
+            engine.dispose()
+
+    def _sql(self, statement: str, params: dict | None = None, *, write: bool = False) -> list[tuple]:
+        import sqlalchemy
+
+        with (self.engine.begin() if write else self.engine.connect()) as conn:
+            result = conn.execute(sqlalchemy.text(statement), params or {})
+            return [tuple(r) for r in result] if result.returns_rows else []
+
+    # -- schema -----------------------------------------------------------------------
+
+    def ensure_meta(self) -> None:
+        if self._meta_ready:
+            return
+        postgres = self.catalog_uri.startswith("postgresql")
+        serial = "BIGSERIAL PRIMARY KEY" if postgres else "INTEGER PRIMARY KEY AUTOINCREMENT"
+        number = "DOUBLE PRECISION" if postgres else "REAL"
+        for statement in (
+            f"""CREATE TABLE IF NOT EXISTS bf_ice_markers (run_id TEXT PRIMARY KEY, dataset TEXT NOT NULL,
+                "partition" TEXT NOT NULL, attempt_no INTEGER NOT NULL, row_count BIGINT NOT NULL,
+                fingerprint TEXT NOT NULL, committed_at TEXT NOT NULL, null_keys BIGINT, distinct_keys BIGINT,
+                measure_sum {number}, numbers_of TEXT, location TEXT NOT NULL, files TEXT NOT NULL,
+                columns TEXT NOT NULL)""",
+            f"""CREATE TABLE IF NOT EXISTS bf_ice_publications (id {serial}, dataset TEXT NOT NULL,
+                "partition" TEXT NOT NULL, run_id TEXT NOT NULL, previous_run_id TEXT, action TEXT NOT NULL,
+                actor TEXT NOT NULL, published_at TEXT NOT NULL, snapshot_id BIGINT NOT NULL,
+                UNIQUE (snapshot_id, "partition"))""",
+            """CREATE INDEX IF NOT EXISTS bf_ice_publications_partition
+                ON bf_ice_publications (dataset, "partition", id)""",
+        ):
+            self._sql(statement, write=True)
+        try:
+            self.catalog.create_namespace_if_not_exists(self.namespace)
+        except Exception as exc:  # two processes creating it at once
+            from pyiceberg.exceptions import NamespaceAlreadyExistsError
+
+            if not isinstance(exc, NamespaceAlreadyExistsError):
+                raise
+        Path(self.warehouse_path).mkdir(parents=True, exist_ok=True)
+        self._meta_ready = True
+
+    def _ident(self, name: str) -> tuple[str, str]:
+        identifier(name, what="dataset", max_length=MAX_DATASET_NAME)
+        return (self.namespace, name)
+
+    def table_location(self, name: str) -> str:
+        """The local directory of a dataset's table."""
+        return str(Path(self.warehouse_path) / self.namespace / name)
+
+    def _load(self, name: str):
+        """The table as the catalog has it now, or None."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        self.ensure_meta()
+        try:
+            return self.catalog.load_table(self._ident(name))
+        except NoSuchTableError:
+            return None
+
+    def _iceberg_schema(self, spec: DatasetSpec):
+        from pyiceberg.schema import Schema
+        from pyiceberg.types import NestedField
+
+        columns = [(c.name, c.type) for c in spec.columns] + list(BOOKKEEPING_TYPES.items())
+        return Schema(*(NestedField(i, name, _iceberg_type(t), required=False)
+                        for i, (name, t) in enumerate(columns, start=1)))
+
+    def ensure_dataset(self, spec: DatasetSpec) -> None:
+        from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
+
+        key = (spec.name, spec.columns, spec.partition_key_column)
+        if key in self._ready:
+            return
+        for _ in range(20):
+            table = self._load(spec.name)
+            if table is None:
+                from pyiceberg.partitioning import PartitionField, PartitionSpec
+                from pyiceberg.transforms import IdentityTransform
+
+                schema = self._iceberg_schema(spec)
+                source = schema.find_field(spec.partition_key_column)
+                partitioning = PartitionSpec(PartitionField(source_id=source.field_id, field_id=1000,
+                                                            transform=IdentityTransform(),
+                                                            name=spec.partition_key_column))
+                try:
+                    self.catalog.create_table(
+                        self._ident(spec.name), schema=schema, partition_spec=partitioning,
+                        location=f"file://{self.table_location(spec.name)}",
+                        properties={"commit.retry.num-retries": "0", "bf.partition-column": spec.partition_key_column,
+                                    "schema.name-mapping.default": schema.name_mapping.model_dump_json()})
+                except TableAlreadyExistsError:
+                    continue
+                break
+            present = {f.name: _logical_type(f.field_type) for f in table.schema().fields}
+            for col in spec.columns:
+                if col.name in present and present[col.name] != col.type:
+                    raise ValidationError(
+                        f"{spec.name}.{col.name} is stored as {present[col.name]}; it cannot become {col.type} "
+                        "(old versions must stay readable)", field=col.name)
+            missing = [c for c in spec.columns if c.name not in present]
+            if not missing:
+                break
+            try:
+                with table.transaction() as txn:
+                    with txn.update_schema() as update:
+                        for col in missing:
+                            update.add_column(col.name, _iceberg_type(col.type))
+                    txn.set_properties({"schema.name-mapping.default":
+                                        txn.table_metadata.schema().name_mapping.model_dump_json()})
+            except CommitFailedException:
+                continue
+            break
+        self._ready.add(key)
+
+    def _partition_column(self, table) -> str:
+        return table.metadata.properties.get("bf.partition-column", "_partition")
+
+    def _table_columns(self, table) -> list[tuple[str, str]]:
+        return [(f.name, _logical_type(f.field_type)) for f in table.schema().fields]
+
+    # -- where a run's files are ---------------------------------------------------------
+
+    def run_location(self, spec_or_name: DatasetSpec | str, partition: str, run_id: str) -> str:
+        """The directory a run writes its data files and its marker in."""
+        name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
+        column = spec_or_name.partition_key_column if isinstance(spec_or_name, DatasetSpec) else None
+        if column is None:
+            table = self._load(name)
+            column = self._partition_column(table) if table is not None else "_partition"
+        return str(Path(self.table_location(name)) / "data" / f"{column}={quote(partition, safe='')}"
+                   / "_runs" / quote(run_id, safe=""))
+
+    def run_files(self, spec_or_name: DatasetSpec | str, run_id: str) -> list[str]:
+        """Every data file under the run's directories (any partition, with a marker or not):
+        what a writer left, committed or not."""
+        name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
+        data = Path(self.table_location(name)) / "data"
+        return sorted(str(p) for p in data.glob(f"*/_runs/{quote(run_id, safe='')}/*.parquet"))
+
+    def _version_files(self, marker_row) -> list[str]:
+        return [str(Path(marker_row["location"]) / f) for f in marker_row["files"]]
+
+    # -- staging ----------------------------------------------------------------------
+
+    @staticmethod
+    def _check_run(*, run_id: str, attempt_no: int, partition: str) -> None:
+        if not isinstance(run_id, str) or not run_id:
+            raise ValidationError("run_id must be a non-empty string", field="run_id")
+        if not isinstance(partition, str) or not partition:
+            raise ValidationError("partition must be a non-empty string", field="partition")
+        if not isinstance(attempt_no, int) or attempt_no < 1:
+            raise ValidationError("attempt_no must be a positive integer", field="attempt_no")
+
+    def _begin(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, take_over: bool):
+        """Ready to write: the table exists, the run has no marker, this process holds
+        the run's writer lock (an flock: a killed writer's goes with it), and what a dead
+        attempt left is gone. Returns (table, directory, lock file)."""
+        self._check_run(run_id=run_id, attempt_no=attempt_no, partition=partition)
+        self.ensure_dataset(spec)
+        existing = self.marker(run_id)
+        if existing is not None:
+            raise AlreadyCommitted(existing)
+        directory = Path(self.run_location(spec, partition, run_id))
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / LOCK_FILE, "a+")
+        try:
+            self._take_lock(lock, wait=not take_over)
+            found = self._read_marker_file(directory)
+            if found is not None:  # committed, but the index row was lost with its process
+                self._index_marker(found)
+                raise AlreadyCommitted(self._to_marker(found))
+            for leftover in directory.iterdir():
+                if leftover.name != LOCK_FILE:
+                    leftover.unlink()
+            table = self._load(spec.name)
+        except BaseException:
+            lock.close()
+            raise
+        return table, directory, lock
+
+    def _take_lock(self, lock, *, wait: bool) -> None:
+        deadline = time.monotonic() + (self.lock_timeout_seconds or 3600)
+        while True:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if not wait:
+                    return  # take_over: the holder is a dead or frozen attempt of this run
+                if time.monotonic() > deadline:
+                    raise WarehouseLockTimeout(f"another writer holds {lock.name}") from None
+                time.sleep(0.05)
+
+    @staticmethod
+    def _arrow_schema(table):
+        """The table's Arrow schema, Iceberg field ids in the fields' metadata."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        return schema_to_pyarrow(table.schema())
+
+    def stage_rows(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
+                   rows: Iterable[Sequence], chunk_size: int = 5000, take_over: bool = False) -> Marker:
+        """Each chunk of rows is a data file of its own, closed before the next is
+        started (a writer killed mid-way leaves whole files, which the retry or the
+        sweep deletes)."""
+        import pyarrow as pa
+
+        table, directory, lock = self._begin(spec, run_id, attempt_no, partition, take_over)
+        try:
+            schema = self._arrow_schema(table)
+            converters = [_converter(c) for c in spec.columns]
+            written: list = []
+            chunk: list[tuple] = []
+            n = 0
+
+            def flush():
+                nonlocal chunk, n
+                if chunk:
+                    batch = self._batch(pa, schema, spec, chunk, run_id, attempt_no, partition)
+                    self._write_file(directory / f"part-{attempt_no:03d}-{n:05d}.parquet", batch)
+                    written.append(batch)
+                    n += 1
+                    chunk = []
+
+            for row in rows:
+                chunk.append(self._convert_row(spec, converters, row, partition))
+                if len(chunk) >= chunk_size:
+                    flush()
+            flush()
+            data = pa.Table.from_batches(written, schema=schema) if written else schema.empty_table()
+            return self._commit_marker(spec, run_id, attempt_no, partition, directory, data, table)
+        except BaseException:
+            self._discard(directory)
+            raise
+        finally:
+            lock.close()
+
+    @staticmethod
+    def _convert_row(spec: DatasetSpec, converters, row: Sequence, partition: str) -> tuple:
+        try:
+            values = tuple(convert(value) for convert, value in zip(converters, row))
+        except (TypeError, ValueError, ArithmeticError) as exc:
+            for col, convert, value in zip(spec.columns, converters, row):
+                try:
+                    convert(value)
+                except (TypeError, ValueError, ArithmeticError):
+                    raise ValidationError(f"{spec.name}.{col.name}: cannot store {value!r} as {col.type}: {exc}",
+                                          field=col.name) from exc
+            raise
+        if spec.partition_column:
+            got = values[spec.column_names.index(spec.partition_column)]
+            if got != partition:
+                raise ValidationError(f"{spec.name}.{spec.partition_column}: a row of partition {partition!r} "
+                                      f"holds {got!r}", field=spec.partition_column)
+        return values
+
+    def _batch(self, pa, schema, spec: DatasetSpec, chunk: list[tuple], run_id: str, attempt_no: int,
+               partition: str):
+        columns = {}
+        names = spec.column_names
+        for i, name in enumerate(names):
+            columns[name] = [row[i] for row in chunk]
+        fill = {"_run_id": run_id, "_partition": partition, "_attempt": attempt_no}
+        arrays = []
+        for field in schema:
+            if field.name in columns:
+                arrays.append(pa.array(columns[field.name], type=field.type))
+            elif field.name in fill:
+                arrays.append(pa.array([fill[field.name]] * len(chunk), type=field.type))
+            else:
+                arrays.append(pa.nulls(len(chunk), type=field.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    @staticmethod
+    def _write_file(path: Path, data) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        with open(path, "wb") as out:
+            pq.write_table(table, out, compression="zstd")
+            out.flush()
+            os.fsync(out.fileno())
+
+    @staticmethod
+    def _discard(directory: Path) -> None:
+        for leftover in directory.glob("*"):
+            if leftover.name != LOCK_FILE:
+                leftover.unlink(missing_ok=True)
+
+    def stage_select(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
+                     select_sql: str, params: Sequence = (), take_over: bool = False) -> Marker:
+        """DuckDB runs the SELECT into Arrow; the rows are cast to the declared types,
+        counted and fingerprinted there and written as one data file."""
+        table, directory, lock = self._begin(spec, run_id, attempt_no, partition, take_over)
+        try:
+            schema = self._arrow_schema(table)
+            present = set(self.columns_of(select_sql, params))
+            missing = [c for c in spec.column_names if c not in present]
+            if missing:
+                raise ValidationError(f"the SELECT of {spec.name} has no column {missing[0]!r}", field=missing[0])
+            declared = {c.name: c for c in spec.columns}
+            fill = {"_run_id": _literal(run_id), "_partition": _literal(partition), "_attempt": str(attempt_no)}
+            projection = []
+            for field in schema:
+                duck = DUCK_TYPES[_logical_type(table.schema().find_field(field.name).field_type)]
+                if field.name in declared:
+                    projection.append(f"CAST(q.{_quote(field.name)} AS {duck}) AS {_quote(field.name)}")
+                elif field.name in fill:
+                    projection.append(f"CAST({fill[field.name]} AS {duck}) AS {_quote(field.name)}")
+                else:
+                    projection.append(f"CAST(NULL AS {duck}) AS {_quote(field.name)}")
+            data = self.duck.sql(f"SELECT {', '.join(projection)} FROM ({select_sql}) AS q",
+                                 params=list(params) or None).to_arrow_table()
+            data = data.cast(schema)
+            if spec.partition_column:
+                import pyarrow.compute as pc
+
+                wrong = data.filter(pc.invert(pc.fill_null(pc.equal(data[spec.partition_column], partition), False)))
+                if wrong.num_rows:
+                    raise ValidationError(
+                        f"{spec.name}.{spec.partition_column}: a row of partition {partition!r} holds "
+                        f"{wrong[spec.partition_column][0].as_py()!r}", field=spec.partition_column)
+            if data.num_rows:
+                self._write_file(directory / f"part-{attempt_no:03d}-00000.parquet", data)
+            return self._commit_marker(spec, run_id, attempt_no, partition, directory, data, table)
+        except BaseException:
+            self._discard(directory)
+            raise
+        finally:
+            lock.close()
+
+    def _commit_marker(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, directory: Path,
+                       data, table) -> Marker:
+        """The numbers and fingerprint of the rows just written (the Arrow data in memory,
+        not the files read back), then the marker file (written aside, renamed into place:
+        it exists whole or not at all), then its index row."""
+        con = self.duck
+        con.register("bf_staged", data)
+        try:
+            rows, null_keys, distinct, measure, upper, lower = con.execute(
+                _numbers_sql(spec, "bf_staged")).fetchall()[0]
+        finally:
+            con.unregister("bf_staged")
+        marker = {
+            "run_id": run_id, "attempt_no": attempt_no, "dataset": spec.name, "partition": partition,
+            "row_count": int(rows), "fingerprint": _fingerprint_of(upper, lower),
+            "committed_at": _now().isoformat(), "null_keys": int(null_keys), "distinct_keys": int(distinct),
+            "measure_sum": rounded_measure(measure), "numbers_of": spec.numbers_of,
+            "location": str(directory),
+            "files": sorted(p.name for p in directory.glob("*.parquet")),
+            "columns": [f.name for f in table.schema().fields],
+        }
+        staging = directory / f".{MARKER_FILE}.{uuid.uuid4().hex}"
+        with open(staging, "w") as out:
+            json.dump(marker, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(staging, directory / MARKER_FILE)
+        self._index_marker(marker)
+        return self._to_marker(marker)
+
+    @staticmethod
+    def _read_marker_file(directory: Path) -> dict | None:
+        try:
+            return json.loads((directory / MARKER_FILE).read_text())
+        except FileNotFoundError:
+            return None
+
+    def _index_marker(self, m: dict) -> None:
+        self._sql(
+            """INSERT INTO bf_ice_markers (run_id, dataset, "partition", attempt_no, row_count, fingerprint,
+                committed_at, null_keys, distinct_keys, measure_sum, numbers_of, location, files, columns)
+                VALUES (:run_id, :dataset, :partition, :attempt_no, :row_count, :fingerprint, :committed_at,
+                :null_keys, :distinct_keys, :measure_sum, :numbers_of, :location, :files, :columns) ON CONFLICT (run_id) DO NOTHING""",
+            {**m, "files": json.dumps(m["files"]), "columns": json.dumps(m["columns"])}, write=True)
+
+    @staticmethod
+    def _to_marker(m: dict) -> Marker:
+        return Marker(run_id=m["run_id"], attempt_no=m["attempt_no"], dataset=m["dataset"], partition=m["partition"],
+                      row_count=m["row_count"], fingerprint=m["fingerprint"],
+                      committed_at=datetime.fromisoformat(m["committed_at"]), null_keys=m["null_keys"],
+                      distinct_keys=m["distinct_keys"], measure_sum=m["measure_sum"], numbers_of=m["numbers_of"])
+
+    MARKER_COLUMNS = ("run_id", "dataset", "partition", "attempt_no", "row_count", "fingerprint", "committed_at",
+                      "null_keys", "distinct_keys", "measure_sum", "numbers_of", "location", "files", "columns")
+
+    def _marker_rows(self, run_ids: Sequence[str]) -> dict[str, dict]:
+        self.ensure_meta()
+        found: dict[str, dict] = {}
+        ids = list(dict.fromkeys(run_ids))
+        for start in range(0, len(ids), CHUNK):
+            chunk = ids[start:start + CHUNK]
+            names = {f"r{i}": run_id for i, run_id in enumerate(chunk)}
+            columns = ", ".join(f'"{c}"' for c in self.MARKER_COLUMNS)
+            for row in self._sql(f"SELECT {columns} FROM bf_ice_markers WHERE run_id IN "
+                                 f"({', '.join(':' + k for k in names)})", names):
+                m = dict(zip(self.MARKER_COLUMNS, row))
+                m["files"] = json.loads(m["files"])
+                m["columns"] = json.loads(m["columns"])
+                found[m["run_id"]] = m
+        return found
+
+    def marker(self, run_id: str) -> Marker | None:
+        row = self._marker_rows([run_id]).get(run_id)
+        return None if row is None else self._to_marker(row)
+
+    def markers(self, run_ids: Sequence[str]) -> dict[str, Marker]:
+        return {run_id: self._to_marker(row) for run_id, row in self._marker_rows(run_ids).items()}
+
+    # -- numbers ----------------------------------------------------------------------
+
+    def _files_source(self, files: list[str], columns: Sequence[tuple[str, str]], present: Sequence[str]) -> str:
+        """A DuckDB subquery over Parquet files with `columns` [(name, type)], NULL for a
+        column the files were written without."""
+        projection = []
+        for name, logical in columns:
+            if name in present:
+                projection.append(f"CAST({_quote(name)} AS {DUCK_TYPES[logical]}) AS {_quote(name)}")
+            else:
+                projection.append(f"CAST(NULL AS {DUCK_TYPES[logical]}) AS {_quote(name)}")
+        if not files:
+            return f"(SELECT {', '.join(projection)} WHERE false)"
+        listed = ", ".join(_literal(f) for f in files)
+        return (f"(SELECT {', '.join(projection)} FROM read_parquet([{listed}], hive_partitioning = false, "
+                "union_by_name = true))")
+
+    def _version_source(self, spec: DatasetSpec, row: dict, *, bookkeeping: bool = False) -> str:
+        columns = [(c.name, c.type) for c in spec.columns]
+        if bookkeeping:
+            columns += list(BOOKKEEPING_TYPES.items())
+        return self._files_source(self._version_files(row), columns, row["columns"])
+
+    def _count(self, spec: DatasetSpec, row: dict) -> tuple[VersionNumbers, str]:
+        rows, null_keys, distinct, measure, upper, lower = self.duck.execute(
+            _numbers_sql(spec, f"{self._version_source(spec, row)} AS v")).fetchall()[0]
+        return (VersionNumbers(int(rows), int(null_keys), int(distinct), rounded_measure(measure)),
+                _fingerprint_of(upper, lower))
+
+    def _committed(self, run_id: str) -> dict:
+        row = self._marker_rows([run_id]).get(run_id)
+        if row is None:
+            raise VersionNotCommitted(f"run {run_id!r} has no committed version")
+        return row
+
+    def profile(self, *, spec: DatasetSpec, run_id: str) -> Profile:
+        row = self._committed(run_id)
+        marker = self._to_marker(row)
+        numbers = marker.numbers_for(spec)
+        fingerprint = marker.fingerprint
+        if numbers is None:
+            numbers, fingerprint = self._count(spec, row)
+        table = self._load(spec.name)
+        present = set(row["columns"])
+        columns = [(n, t) for n, t in self._table_columns(table) if n not in BOOKKEEPING_COLUMNS and n in present]
+        return Profile(row_count=numbers.row_count, distinct_keys=numbers.distinct_keys, null_keys=numbers.null_keys,
+                       duplicate_keys=numbers.duplicate_keys, measure_sum=numbers.measure_sum,
+                       fingerprint=fingerprint, columns=columns)
+
+    def fingerprint(self, *, spec: DatasetSpec, run_id: str) -> str:
+        return self._count(spec, self._committed(run_id))[1]
+
+    def profile_many(self, *, spec: DatasetSpec, run_ids: Iterable[str]) -> dict[str, VersionNumbers]:
+        found = {}
+        for run_id, row in self._marker_rows(list(run_ids)).items():
+            if row["dataset"] != spec.name:
+                continue
+            numbers = self._to_marker(row).numbers_for(spec)
+            found[run_id] = numbers if numbers is not None else self._count(spec, row)[0]
+        return found
+
+    def measure_many(self, *, spec: DatasetSpec, run_ids: Iterable[str]) -> dict[str, float | None]:
+        if not spec.core_measure:
+            return {}
+        return {run_id: n.measure_sum for run_id, n in self.profile_many(spec=spec, run_ids=run_ids).items()}
+
+    # -- publication ------------------------------------------------------------------
+
+    def _data_files(self, table, row: dict) -> list:
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+        files = []
+        for path in self._version_files(row):
+            # A data file never changes once its marker is written: its Iceberg entry
+            # (statistics read from its footer) is kept for a later rollback to it.
+            key = (path, table.metadata.table_uuid, table.metadata.default_spec_id, table.metadata.current_schema_id)
+            data_file = self._data_file_cache.get(key)
+            if data_file is None:
+                data_file = parquet_file_to_data_file(table.io, table.metadata, f"file://{path}")
+                # from_args drops spec_id (pyiceberg 0.12); a file read from a manifest has
+                # it, and a delete needs it.
+                data_file.spec_id = table.metadata.default_spec_id
+                self._data_file_cache[key] = data_file
+            files.append(data_file)
+        return files
+
+    def _check_target(self, name: str, partition: str, run_id: str, action: str) -> dict:
+        row = self._marker_rows([run_id]).get(run_id)
+        if row is None or row["dataset"] != name or row["partition"] != partition:
+            raise VersionNotCommitted(f"run {run_id!r} has no committed version of {name}/{partition}")
+        if action == "rollback" and not self._sql(
+                'SELECT 1 FROM bf_ice_publications WHERE dataset = :d AND "partition" = :p AND run_id = :r',
+                {"d": name, "p": partition, "r": run_id}):
+            raise VersionNotCommitted(f"run {run_id!r} was never published at {name}/{partition}")
+        return row
+
+    def _commit_moves(self, name: str, moves: list[tuple[str, str, str | None, dict]], *, actor: str,
+                      action: str) -> list[PublicationRecord]:
+        """One Iceberg commit of the moves [(partition, run_id, expected, marker row)] of one
+        table: each partition's live files replaced by the run's, the pointers set, if and
+        only if every pointer is still where the caller expected on the snapshot the commit
+        is built on. A concurrent commit (CommitFailedException): reload and check again."""
+        from pyiceberg.exceptions import CommitFailedException
+        from sqlalchemy.exc import OperationalError
+
+        deadline = time.monotonic() + self.publish_wait_seconds
+        while True:
+            table = self._load(name)
+            if table is None:
+                raise VersionNotCommitted(f"{name} has no table")
+            pointers = table.metadata.properties
+            previous = {}
+            for partition, run_id, expected, _ in moves:
+                current = pointers.get(POINTER_PREFIX + partition)
+                if current != expected:
+                    raise PublishConflict(dataset=name, partition=partition, run_id=run_id,
+                                          expected_run_id=expected, current_run_id=current)
+                previous[partition] = current
+            # The partition's live files are its current version's (a publish replaces
+            # them all): the marker's list, not a scan of the manifests. Were they not
+            # live, the overwrite's own check of its deletes would refuse the commit.
+            current_rows = self._marker_rows([c for c in previous.values() if c is not None])
+            published_at = _now()
+            summary = {"bf.action": action, "bf.actor": actor, "bf.published-at": published_at.isoformat(),
+                       "bf.moves": json.dumps([[p, r, e] for p, r, e, _ in moves])}
+            try:
+                txn = table.transaction()
+                with txn.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
+                    for partition, _, _, row in moves:
+                        if previous[partition] is not None:
+                            for old in self._data_files(table, current_rows[previous[partition]]):
+                                overwrite.delete_data_file(old)
+                        for new in self._data_files(table, row):
+                            overwrite.append_data_file(new)
+                    snapshot_id = overwrite.snapshot_id
+                # After the snapshot is built: each staged update makes every later look
+                # at the transaction's metadata a deep copy.
+                txn.set_properties({POINTER_PREFIX + p: r for p, r, _, _ in moves})
+                committed = txn.commit_transaction()
+            except CommitFailedException:
+                if time.monotonic() > deadline:
+                    raise WarehouseLockTimeout(f"{name}: gave up after {self.publish_wait_seconds}s of lost races")
+                continue
+            except OperationalError as exc:  # SQLite: another commit holds the catalog's write lock
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise WarehouseUnavailable(f"Iceberg catalog: {exc}") from exc
+                time.sleep(0.02)
+                continue
+            return self._record(committed, snapshot_id)
+
+    def _record(self, table, snapshot_id: int) -> list[PublicationRecord]:
+        """The history rows of one publishing snapshot, one per partition it moved
+        (idempotent: keyed by snapshot and partition)."""
+        props = table.metadata.snapshot_by_id(snapshot_id).summary.additional_properties
+        name = table.name()[-1]
+        records = []
+        for partition, run_id, expected in json.loads(props["bf.moves"]):
+            key = {"s": snapshot_id, "p": partition}
+            self._sql(
+                """INSERT INTO bf_ice_publications (dataset, "partition", run_id, previous_run_id, action, actor,
+                   published_at, snapshot_id) VALUES (:d, :p, :r, :e, :a, :actor, :t, :s)
+                   ON CONFLICT (snapshot_id, "partition") DO NOTHING""",
+                {**key, "d": name, "r": run_id, "e": expected, "a": props["bf.action"], "actor": props["bf.actor"],
+                 "t": props["bf.published-at"]}, write=True)
+            (row_id,), = self._sql(
+                'SELECT id FROM bf_ice_publications WHERE snapshot_id = :s AND "partition" = :p', key)
+            records.append(PublicationRecord(
+                id=row_id, dataset=name, partition=partition, run_id=run_id, previous_run_id=expected,
+                action=props["bf.action"], actor=props["bf.actor"],
+                published_at=datetime.fromisoformat(props["bf.published-at"])))
+        return records
+
+    def _sync_history(self, table) -> None:
+        """Record any publishing snapshot whose history row its committer did not live to
+        write (a crash between the Iceberg commit and the row)."""
+        recorded = {r[0] for r in self._sql("SELECT snapshot_id FROM bf_ice_publications WHERE dataset = :d",
+                                            {"d": table.name()[-1]})}
+        for snapshot in sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0):
+            if "bf.moves" in snapshot.summary.additional_properties and snapshot.snapshot_id not in recorded:
+                self._record(table, snapshot.snapshot_id)
+
+    def publish(self, *, spec_or_name: DatasetSpec | str, partition: str, run_id: str,
+                expected_run_id: str | None, actor: str, action: str = "publish") -> PublicationRecord:
+        if action not in ("publish", "rollback"):
+            raise ValidationError(f"action {action!r} must be publish or rollback", field="action")
+        name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
+        row = self._check_target(name, partition, run_id, action)
+        return self._commit_moves(name, [(partition, run_id, expected_run_id, row)], actor=actor, action=action)[0]
+
+    def rollback_many(self, moves: Sequence[PointerMove], *, actor: str) -> list[PublicationRecord]:
+        """One Iceberg commit per dataset. Every expectation is checked before the first
+        commit; across datasets a race lost after an earlier dataset committed is undone
+        by moving that dataset's pointers back (Iceberg has no multi-table commit)."""
+        by_name: dict[str, list] = {}
+        for move in moves:
+            row = self._check_target(move.name, move.partition, move.to_run_id, "rollback")
+            by_name.setdefault(move.name, []).append((move.partition, move.to_run_id, move.expected_run_id, row))
+        for name, group in by_name.items():  # every expectation, before anything moves
+            table = self._load(name)
+            for partition, run_id, expected, _ in group:
+                current = table.metadata.properties.get(POINTER_PREFIX + partition) if table else None
+                if current != expected:
+                    raise PublishConflict(dataset=name, partition=partition, run_id=run_id,
+                                          expected_run_id=expected, current_run_id=current)
+        records: list[PublicationRecord] = []
+        done: list[tuple[str, list]] = []
+        try:
+            for name, group in by_name.items():
+                records += self._commit_moves(name, group, actor=actor, action="rollback")
+                done.append((name, group))
+        except PublishConflict:
+            for name, group in done:
+                back = [(p, e, r, self._check_target(name, p, e, "rollback")) for p, r, e, _ in group]
+                self._commit_moves(name, back, actor=actor, action="rollback")
+            raise
+        order = {(m.name, m.partition): i for i, m in enumerate(moves)}
+        return sorted(records, key=lambda r: order[(r.dataset, r.partition)])
+
+    def current(self, name: str, partition: str) -> str | None:
+        table = self._load(name)
+        return None if table is None else table.metadata.properties.get(POINTER_PREFIX + partition)
+
+    def current_many(self, name: str, partitions: Sequence[str]) -> dict[str, str]:
+        if not partitions:
+            return {}
+        table = self._load(name)
+        if table is None:
+            return {}
+        props = table.metadata.properties
+        return {p: props[POINTER_PREFIX + p] for p in partitions if POINTER_PREFIX + p in props}
+
+    def history(self, name: str, partition: str) -> list[PublicationRecord]:
+        table = self._load(name)
+        if table is None:
+            return []
+        self._sync_history(table)
+        rows = self._sql(
+            """SELECT id, dataset, "partition", run_id, previous_run_id, action, actor, published_at
+               FROM bf_ice_publications WHERE dataset = :d AND "partition" = :p ORDER BY id DESC""",
+            {"d": name, "p": partition})
+        return [PublicationRecord(id=r[0], dataset=r[1], partition=r[2], run_id=r[3], previous_run_id=r[4],
+                                  action=r[5], actor=r[6], published_at=datetime.fromisoformat(r[7])) for r in rows]
+
+    # -- retention --------------------------------------------------------------------
+
+    def purge(self, *, spec: DatasetSpec, run_id: str) -> int:
+        """The version's files, marker and index row go; first every snapshot but the
+        current one that still lists one of its files is expired, so no retained Iceberg
+        snapshot points at a deleted file."""
+        row = self._marker_rows([run_id]).get(run_id)
+        table = self._load(spec.name)
+        if table is not None and run_id in {v for k, v in table.metadata.properties.items()
+                                            if k.startswith(POINTER_PREFIX)}:
+            raise PurgeRefused(f"run {run_id!r} is the current version of {spec.name}/{row and row['partition']}")
+        if row is None:
+            removed = 0
+            for path in self.run_files(spec, run_id):
+                Path(path).unlink(missing_ok=True)
+            return removed
+        self._sql("DELETE FROM bf_ice_markers WHERE run_id = :r", {"r": run_id}, write=True)
+        table = self._load(spec.name)
+        if run_id in {v for k, v in table.metadata.properties.items() if k.startswith(POINTER_PREFIX)}:
+            self._index_marker(row)  # published meanwhile
+            raise PurgeRefused(f"run {run_id!r} became the current version of {spec.name}/{row['partition']}")
+        self._expire_snapshots_listing(table, {f"file://{p}" for p in self._version_files(row)})
+        directory = Path(row["location"])
+        for leftover in directory.glob("*"):
+            leftover.unlink(missing_ok=True)
+        try:
+            directory.rmdir()
+        except OSError:
+            pass
+        return int(row["row_count"])
+
+    def _expire_snapshots_listing(self, table, paths: set[str]) -> None:
+        current = table.current_snapshot()
+        doomed = []
+        for snapshot in table.metadata.snapshots:
+            if current is not None and snapshot.snapshot_id == current.snapshot_id:
+                continue
+            for manifest in snapshot.manifests(table.io):
+                if any(e.data_file.file_path in paths for e in manifest.fetch_manifest_entry(table.io)):
+                    doomed.append(snapshot.snapshot_id)
+                    break
+        if doomed:
+            table.maintenance.expire_snapshots().by_ids(doomed).commit()
+
+    def sweep_orphans(self, spec_or_name: DatasetSpec | str) -> list[str]:
+        """Delete what dead writers left under a dataset's `_runs/`: a run directory with
+        no marker whose writer lock nobody holds (a live writer holds it for as long as it
+        writes). Returns the files deleted."""
+        name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
+        deleted = []
+        for directory in sorted(Path(self.table_location(name)).glob("data/*/_runs/*")):
+            if (directory / MARKER_FILE).exists():
+                continue
+            with open(directory / LOCK_FILE, "a+") as lock:
+                try:
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live writer
+                if (directory / MARKER_FILE).exists():
+                    continue
+                for leftover in sorted(directory.glob("*")):
+                    if leftover.name != LOCK_FILE:
+                        leftover.unlink(missing_ok=True)
+                        deleted.append(str(leftover))
+        return deleted
+
+    # -- reading ----------------------------------------------------------------------
+
+    def read_partition(self, name: str, partition: str) -> list[dict]:
+        """What any Iceberg reader sees: the current snapshot's files of the partition."""
+        from pyiceberg.expressions import EqualTo
+
+        table = self._load(name)
+        if table is None or table.current_snapshot() is None:
+            return []
+        return table.scan(row_filter=EqualTo(self._partition_column(table), partition)).to_arrow().to_pylist()
+
+    def ref_sql(self, *, spec: DatasetSpec, pins: dict[str, str]) -> str:
+        for partition, run_id in pins.items():
+            _literal(partition)
+            _literal(run_id)
+        columns = [(c.name, c.type) for c in spec.columns]
+        if not pins:
+            return self._files_source([], columns, [])
+        rows = self._marker_rows(list(pins.values()))
+        parts = []
+        for partition, run_id in sorted(pins.items()):
+            row = rows.get(run_id)
+            if row is None or row["dataset"] != spec.name or row["partition"] != partition:
+                continue
+            parts.append(f"SELECT * FROM {self._files_source(self._version_files(row), columns, row['columns'])}")
+        if not parts:
+            return self._files_source([], columns, [])
+        return "(" + " UNION ALL ".join(parts) + ")"
+
+    def version_sql(self, spec: DatasetSpec, run_id: str) -> str:
+        """A subquery over one committed version's rows with the declared and the
+        bookkeeping columns (tests and diagnosis; jobs use `ref_sql`)."""
+        return self._version_source(spec, self._committed(run_id), bookkeeping=True)
+
+    def source_sql(self, *, name: str, time_column: str, start: datetime, end: datetime) -> str:
+        """A source is any Iceberg table of the namespace: its current snapshot's files,
+        read by the time column."""
+        from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+
+        identifier(time_column, what="column")
+        table = self._load(name)
+        if table is None:
+            raise ValidationError(f"source {name!r} is not a table of the Iceberg catalog", field="source")
+        columns = self._table_columns(table)
+        files = []
+        if table.current_snapshot() is not None:
+            predicate = And(GreaterThanOrEqual(time_column, start.astimezone(timezone.utc).isoformat()),
+                            LessThan(time_column, end.astimezone(timezone.utc).isoformat()))
+            files = [t.file.file_path.removeprefix("file://") for t in table.scan(row_filter=predicate).plan_files()]
+        source = self._files_source(files, columns, [n for n, _ in columns])
+        return (f"(SELECT * FROM {source} AS s WHERE {_quote(time_column)} >= {self.ts_literal(start)} "
+                f"AND {_quote(time_column)} < {self.ts_literal(end)})")
+
+    # -- the engine ---------------------------------------------------------------------
+
+    def query(self, statement: str, params: Sequence = ()) -> list[tuple]:
+        return self.duck.execute(statement, list(params)).fetchall()
+
+    def query_dicts(self, statement: str, params: Sequence = ()) -> list[dict]:
+        cursor = self.duck.execute(statement, list(params))
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+    def columns_of(self, select_sql: str, params: Sequence = ()) -> list[str]:
+        cursor = self.duck.execute(f"SELECT * FROM ({select_sql}) AS q LIMIT 0", list(params))
+        return [d[0] for d in cursor.description]
+
+    def ts(self, value: datetime) -> Any:
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValidationError(f"{value!r} is a naive datetime; give it a timezone", field="timestamp")
+        return value.astimezone(timezone.utc)
+
+    def ts_literal(self, value: datetime) -> str:
+        return f"TIMESTAMPTZ '{self.ts(value).isoformat(sep=' ')}'"
