@@ -65,6 +65,8 @@ MARKER_FILE = "_bf_marker.json"
 LOCK_FILE = "_bf_writer.lock"
 POINTER_PREFIX = "bf.current."
 NAMESPACE = "backfill"
+# The catalog's name in pyiceberg's tables (a reader opens SqlCatalog under it).
+CATALOG_NAME = "backfill"
 # The engine's type of each declared column type (DuckDB), and Iceberg's.
 DUCK_TYPES = {"text": "VARCHAR", "integer": "BIGINT", "numeric": "DOUBLE", "timestamp": "TIMESTAMPTZ",
               "date": "DATE", "boolean": "BOOLEAN"}
@@ -230,6 +232,7 @@ class IcebergWarehouse(WarehouseBackend):
                                   field="WAREHOUSE_URL")
         self.warehouse_path = str(Path(self.warehouse_path.removeprefix("file://")).resolve())
         self.namespace = (query.get("namespace") or [NAMESPACE])[0]
+        self.catalog_name = CATALOG_NAME
         identifier(self.namespace, what="namespace")
         self._catalog = None
         self._catalog_lock = threading.Lock()
@@ -248,7 +251,7 @@ class IcebergWarehouse(WarehouseBackend):
                     from pyiceberg.catalog.sql import SqlCatalog
 
                     try:
-                        self._catalog = SqlCatalog("backfill", uri=self.catalog_uri,
+                        self._catalog = SqlCatalog(CATALOG_NAME, uri=self.catalog_uri,
                                                    warehouse=f"file://{self.warehouse_path}")
                     except Exception as exc:
                         raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_uri}: {exc}") from exc

@@ -1,0 +1,162 @@
+"""What the Iceberg warehouse (docs/iceberg.md) shows beyond the contract suite, which
+runs on it too (test_contract.py, `iceberg` and `iceberg-postgresql`): a table the portal
+published, read back by pyiceberg alone in another process, is exactly the version the
+portal reports, and after a rollback the previous one; history survives a crash between
+the Iceberg commit and its row; retention deletes only files no retained snapshot or
+version needs; the orphan sweep never touches a live writer's files."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from datetime import date, datetime
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+
+from backfill_portal.backends import WarehouseUnavailable, make_warehouse
+from backfill_portal.core.errors import ValidationError
+from tests.backends.test_contract import DAY, NEXT_DAY, ORDERS, count_written_rows, order_rows, publish, stage
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+READ_BACK = textwrap.dedent(
+    """
+    import json, sys
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    name, uri, warehouse, table_name, partition = sys.argv[1:6]
+    table = SqlCatalog(name, uri=uri, warehouse=warehouse).load_table(table_name)
+    rows = table.scan(row_filter=f"_partition = '{partition}'").to_arrow().to_pylist()
+    print(json.dumps(rows, default=lambda v: v.isoformat()))
+    """
+)
+
+
+@pytest.fixture
+def wh(tmp_path):
+    warehouse = make_warehouse(f"iceberg+sqlite:///{tmp_path / 'catalog.db'}?warehouse={tmp_path / 'iceberg'}")
+    yield warehouse
+    warehouse.close()
+
+
+def read_back(wh, partition: str = DAY) -> list[dict]:
+    """The partition as pyiceberg alone reads it, in a process of its own (no portal code)."""
+    done = subprocess.run(
+        [sys.executable, "-c", READ_BACK, wh.catalog_name, wh.catalog_uri, f"file://{wh.warehouse_path}", f"{wh.namespace}.orders",
+         partition],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""}, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def as_rows(dicts: list[dict]) -> list[tuple]:
+    """Read-back rows in ORDERS' column order, as Python values again."""
+    return [(d["order_id"], d["line_no"], d["customer"], d["amount"], datetime.fromisoformat(d["created_at"]),
+             date.fromisoformat(d["day"]), d["paid"]) for d in dicts]
+
+
+def test_pyiceberg_in_another_process_reads_exactly_the_published_version_and_after_a_rollback_the_previous(wh):
+    rows = order_rows(200)
+    first = stage(wh, "run-first", rows)
+    second = stage(wh, "run-second", rows[:150] + order_rows(30, seed=7))
+    stage(wh, "run-other-day", order_rows(20), partition=NEXT_DAY)
+    publish(wh, "run-first", None)
+    publish(wh, "run-other-day", None, partition=NEXT_DAY)
+    publish(wh, "run-second", "run-first")
+
+    for i, (expected, run_id) in enumerate([(second, "run-second"), (first, "run-first")]):
+        if i == 1:
+            wh.rollback(name="orders", partition=DAY, to_run_id="run-first", expected_run_id="run-second",
+                        actor="oncall")
+        seen = read_back(wh)
+        reported = wh.profile(spec=ORDERS, run_id=wh.current("orders", DAY))
+
+        assert {r["_run_id"] for r in seen} == {run_id}
+        keys = {(r["order_id"], r["line_no"]) for r in seen}
+        assert (len(seen), len(keys)) == (reported.row_count, reported.distinct_keys) == (expected.row_count,
+                                                                                              expected.distinct_keys)
+        assert sum(r["amount"] for r in seen) == pytest.approx(reported.measure_sum)
+        # The fingerprint of what pyiceberg read, taken by the portal's own staging, is the version's.
+        again = stage(wh, f"read-back-{i}", as_rows(seen))
+        assert again.fingerprint == reported.fingerprint == expected.fingerprint
+
+
+def test_history_is_rebuilt_from_the_snapshots_when_the_committer_died_before_writing_its_row(wh):
+    stage(wh, "run-a", order_rows(5))
+    stage(wh, "run-b", order_rows(5, seed=1))
+    publish(wh, "run-a", None, actor="alice")
+    record = publish(wh, "run-b", "run-a", actor="bob")
+    with wh.engine.begin() as conn:  # the publisher of run-b was killed right after its Iceberg commit
+        conn.execute(sqlalchemy.text("DELETE FROM bf_ice_publications WHERE run_id = 'run-b'"))
+
+    history = make_warehouse(wh.url).history("orders", DAY)
+
+    assert [(r.run_id, r.previous_run_id, r.actor, r.action) for r in history] == [
+        ("run-b", "run-a", "bob", "publish"), ("run-a", None, "alice", "publish")]
+    assert history[0].published_at == record.published_at
+
+
+def test_purge_keeps_every_file_a_retained_version_or_snapshot_needs(wh):
+    for run_id, seed in [("run-a", 0), ("run-b", 1), ("run-c", 2)]:
+        stage(wh, run_id, order_rows(20, seed=seed))
+    publish(wh, "run-a", None)
+    publish(wh, "run-b", "run-a")
+    publish(wh, "run-c", "run-b")
+    purged_files = wh.run_files(ORDERS, "run-a")
+
+    assert wh.purge(spec=ORDERS, run_id="run-a") == 20
+
+    assert purged_files and not any(Path(p).exists() for p in purged_files)
+    table = wh.catalog.load_table(f"{wh.namespace}.orders")
+    for snapshot in table.snapshots():  # every snapshot Iceberg still offers is readable
+        for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
+            assert Path(task.file.file_path.removeprefix("file://")).exists()
+    assert all(Path(p).exists() for run in ("run-b", "run-c") for p in wh.run_files(ORDERS, run))
+    wh.rollback(name="orders", partition=DAY, to_run_id="run-b", expected_run_id="run-c", actor="oncall")
+    assert {r["_run_id"] for r in read_back(wh)} == {"run-b"}
+
+
+def test_the_orphan_sweep_leaves_a_live_writer_alone(wh):
+    wh.ensure_dataset(ORDERS)
+    halfway = threading.Event()
+    go_on = threading.Event()
+
+    def rows():
+        for i, row in enumerate(order_rows(300)):
+            if i == 200:
+                halfway.set()
+                go_on.wait(60)
+            yield row
+
+    result = []
+    writer = threading.Thread(target=lambda: result.append(
+        stage(wh, "run-live", rows(), chunk_size=100)))
+    writer.start()
+    try:
+        assert halfway.wait(60)
+        assert wh.sweep_orphans(ORDERS) == []
+        assert count_written_rows(wh, "run-live") == 200
+    finally:
+        go_on.set()
+        writer.join(60)
+
+    assert result and result[0].row_count == 300
+    assert wh.sweep_orphans(ORDERS) == []  # committed: not an orphan either
+
+
+def test_warehouse_urls_are_checked_in_one_line(tmp_path):
+    with pytest.raises(ValidationError, match="iceberg\\+mysql"):
+        make_warehouse("iceberg+mysql://h/d")
+    with pytest.raises(ValidationError, match="warehouse=<path> is required"):
+        make_warehouse("iceberg+postgresql://h/d")
+    with pytest.raises(ValidationError, match="local warehouse path"):
+        make_warehouse(f"iceberg+sqlite:///{tmp_path / 'c.db'}?warehouse=s3://bucket/wh")
+    with pytest.raises(WarehouseUnavailable):
+        make_warehouse(f"iceberg+sqlite:///{tmp_path / 'missing' / 'c.db'}").probe(timeout=2)
+    make_warehouse(f"iceberg+sqlite:///{tmp_path / 'c.db'}").probe(timeout=2)
+    assert not (tmp_path / "c.db").exists() or (tmp_path / "c.db").stat().st_size == 0
