@@ -6,10 +6,9 @@ from celery import shared_task
 from backfill_portal.execution.lineage_out.outbox import lineage_events_send
 from backfill_portal.execution.services.dispatch import warehouse_probe_and_resume
 from backfill_portal.execution.services.dispatch import dispatch_request as dispatch_request_service
-from backfill_portal.execution.services.runs import run_execute
 from backfill_portal.execution.services.schedule import schedule_production as schedule_production_service
 from backfill_portal.execution.services.sweep import sweep_run
-from backfill_portal.execution.services.verify import run_verify
+from backfill_portal.execution.services.verify import run_execute_and_verify, run_verify
 
 
 @shared_task(name="execution.dispatch_request", acks_late=True)
@@ -19,7 +18,8 @@ def dispatch_request(request_id: int) -> int:
 
 @shared_task(name="execution.execute_run", bind=True, acks_late=True)
 def execute_run(self, run_id: str) -> str:
-    return run_execute(run_id=run_id, worker=self.request.hostname or "")
+    """The run's next attempt, then (once staged) its verification and publication."""
+    return run_execute_and_verify(run_id=run_id, worker=self.request.hostname or "")
 
 
 @shared_task(name="execution.verify_run", acks_late=True)

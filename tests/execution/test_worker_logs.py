@@ -72,5 +72,5 @@ def test_a_real_workers_lines_are_json_and_name_the_run_attempt_and_request(pers
     # Every line a run's task writes, Celery's own included, names the run.
     task_lines = [line for line in lines if line["logger"] == "celery.app.trace"
                   and ("execute_run" in line["msg"] or "verify_run" in line["msg"])]
-    assert len(task_lines) >= 2 and all(line["run_id"] == run.run_id for line in task_lines)
+    assert task_lines and all(line["run_id"] == run.run_id for line in task_lines)
     assert [line["attempt_no"] for line in task_lines if "execute_run" in line["msg"]] == [1]

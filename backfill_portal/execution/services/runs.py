@@ -6,6 +6,7 @@ import os
 import random
 import socket
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -101,7 +102,11 @@ def _start_attempt(run: Run, worker: str) -> Attempt | None:
     return attempt
 
 
-def run_execute(*, run_id: str, worker: str = "") -> str:
+# What verifies a run in the task that staged it: (run, fence) -> what happened.
+InlineVerify = Callable[[Run, dict], str]
+
+
+def run_execute(*, run_id: str, worker: str = "", verify: InlineVerify | None = None) -> str:
     """Execute the next attempt of a queued run. Returns what happened (for logs/tests).
 
     1. Claim the run (queued -> running) and open an attempt; a duplicate task finds
@@ -111,6 +116,14 @@ def run_execute(*, run_id: str, worker: str = "") -> str:
        transaction, and refuses if another attempt committed meanwhile).
     3. Succeed the attempt and stage the run in one transaction; a fenced (lost)
        attempt cannot, so a stale worker never moves the run.
+    4. With `verify` (the execute task's way), the same transaction also claims the
+       run's verification (staged -> verifying, with its token), and `verify(run,
+       fence)` checks and publishes it here, in this task, after the commit: no
+       verify message, no second task, no second claim transaction. A process that
+       dies after that commit leaves a `verifying` run that stops beating, which the
+       sweeper hands back to `staged` and sends to verification
+       (`runs_reclaim_verifying`), as for a verifier that died. Verification runs (a
+       second rerun's) are compared by their own task, as before.
     """
     run = run_get(run_id)
     if run is None:
@@ -157,10 +170,16 @@ def run_execute(*, run_id: str, worker: str = "") -> str:
             # error's type cannot tell a dead server from a statement that failed.
             outage = warehouse_outage_confirm(error=error)
             return attempt_fail(attempt=attempt, run=run, error=error, outage=outage is not None)
-        return _attempt_succeed(attempt=attempt, run=run, marker=marker)
+        inline = verify is not None and run.run_type != RunType.VERIFICATION
+        result = _attempt_succeed(attempt=attempt, run=run, marker=marker, claim_verification=inline)
+        if inline and result == "staged":
+            return verify(run, {"verify_token": run.verify_token})
+        return result
 
 
-def _attempt_succeed(*, attempt: Attempt, run: Run, marker) -> str:
+def _attempt_succeed(*, attempt: Attempt, run: Run, marker, claim_verification: bool = False) -> str:
+    """`claim_verification`: the run goes on to `verifying` with its next token in this
+    transaction (its verifier is this task), instead of a verify message."""
     try:
         with transaction.atomic():
             attempt.run = run
@@ -172,7 +191,11 @@ def _attempt_succeed(*, attempt: Attempt, run: Run, marker) -> str:
                 committed_at=marker.committed_at or timezone.now())], ignore_conflicts=True)
             run_transition(run, to=S.STAGED, data={"row_count": marker.row_count, "fingerprint": marker.fingerprint},
                            updates={"enqueued_at": timezone.now()})
-            enqueue_verify(run, stamped=True)
+            if claim_verification:
+                run_transition(run, to=S.VERIFYING, expect={"verify_token": run.verify_token},
+                               updates={"verify_token": run.verify_token + 1, "verify_heartbeat_at": timezone.now()})
+            else:
+                enqueue_verify(run, stamped=True)
     except ConflictError:
         logger.warning("attempt %s was fenced (lost or cancelled); its result is refused", attempt.attempt_no)
         return "fenced"

@@ -26,9 +26,14 @@ from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import CheckResult, Run
 from backfill_portal.execution.selectors import run_get, verification_original
-from backfill_portal.execution.services.dispatch import dispatch_request, enqueue_execute, enqueue_verify
+from backfill_portal.execution.services.dispatch import (
+    dispatch_request,
+    dispatch_serialise,
+    enqueue_execute,
+    enqueue_verify,
+)
 from backfill_portal.execution.services.intervals import interval_fail_with_run
-from backfill_portal.execution.services.runs import Heartbeat
+from backfill_portal.execution.services.runs import Heartbeat, run_execute
 from backfill_portal.execution.transitions import run_transition
 from backfill_portal.backends import PublishConflict, get_warehouse
 from backfill_portal.catalog.specs import spec_for
@@ -56,11 +61,24 @@ def run_verify(*, run_id: str) -> str:
         return _publish(run, actor=None)
     if run.status != S.STAGED:
         return f"skipped-{run.status}"
-    warehouse = get_warehouse()
     with log_context(run_id=run.run_id, request_id=run.request_id):
         fence = verification_claim(run)
-        if fence is None:
-            return "claimed-elsewhere"
+    if fence is None:
+        return "claimed-elsewhere"
+    return run_verify_claimed(run, fence)
+
+
+def run_execute_and_verify(*, run_id: str, worker: str = "") -> str:
+    """The execute task: the run's next attempt, then, once it is staged, its
+    verification and publication in the same task (runs.run_execute, step 4)."""
+    return run_execute(run_id=run_id, worker=worker, verify=run_verify_claimed)
+
+
+def run_verify_claimed(run: Run, fence: dict) -> str:
+    """Check a run this verifier has claimed (`fence`: its token), record the results
+    and the verdict, then publish. Every transition expects the token."""
+    warehouse = get_warehouse()
+    with log_context(run_id=run.run_id, request_id=run.request_id):
         try:
             with verification_heartbeat(run, fence):
                 checks = run_checks(run, warehouse)  # every registered check, in order
@@ -199,6 +217,10 @@ def _publish(run: Run, *, actor, current=_UNREAD) -> str:
                 logger.warning(msg)
                 return "conflict"
         with transaction.atomic():
+            if run.interval_id:
+                # The next dispatch shares this transaction (below); its lock comes
+                # before the audit chain's, in the order every dispatcher takes them.
+                dispatch_serialise()
             version = Version.objects.get(run=run)
             previous_version = Version.objects.filter(run__run_id=expected).select_related("run").first() if expected else None
             if previous_version is not None:
@@ -214,17 +236,18 @@ def _publish(run: Run, *, actor, current=_UNREAD) -> str:
             if run.interval_id:
                 run.interval.request = run.request
                 interval_transition(run.interval, to=I.PUBLISHED, data={"run_id": run.run_id})
+                _dispatch_next(run.request_id)
         logger.info("published %s/%s (previous %s)", dataset.name, run.partition_key, expected)
-        if run.interval_id:
-            _dispatch_next(run.request_id)
     return "published"
 
 
 def _dispatch_next(request_id: int) -> None:
-    """A published interval frees a slot: fill it now, in this task, rather than
-    through another task (one broker round trip and one outbox row fewer per
-    interval). Publication has committed; if this fails or the process dies here,
-    the sweeper's periodic dispatch of every running request fills the slot."""
+    """A published interval frees a slot: fill it now, in the publication's own
+    transaction (the dispatch lock and the audit chain's are already held), rather
+    than through another task or another transaction. The dispatch is a savepoint: if
+    it fails, the publication still commits, and the sweeper's periodic dispatch of
+    every running request fills the slot (as it does if the process dies after the
+    commit, before the runs' messages are sent: the outbox sends them)."""
     try:
         dispatch_request(request_id=request_id)
     except Exception:
