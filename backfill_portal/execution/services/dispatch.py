@@ -200,15 +200,21 @@ def _request_jobs(request: BackfillRequest) -> dict[int, Job]:
         pk__in=Interval.objects.filter(request=request).values("job_id")).select_related("dataset__team", "pool")}
 
 
-def dispatch_request(*, request_id: int) -> int:
-    """Claim eligible intervals and queue their runs. Safe to call at any time, twice."""
+def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
+    """Claim eligible intervals and queue their runs. Safe to call at any time, twice.
+
+    `in_publication`: called inside a publication's transaction, which holds the
+    dispatch lock already (`dispatch_serialise`) and has just had its answer from the
+    warehouse, so neither the lock nor the outage is asked again. (An outage another
+    worker records meanwhile holds the new runs at their start, as it holds any.)"""
     created = 0
     with transaction.atomic():
-        dispatch_serialise()
+        if not in_publication:
+            dispatch_serialise()
         request = request_get(request_id)
         if request.status != R.RUNNING or request.paused:
             return 0
-        if warehouse_outage_current() is not None:
+        if not in_publication and warehouse_outage_current() is not None:
             return 0  # nothing starts while the warehouse refuses; its probe dispatches again
         jobs = _request_jobs(request)
         authorised = (set(request.side_effects.values_list("pk", flat=True))

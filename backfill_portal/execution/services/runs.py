@@ -151,7 +151,9 @@ def run_execute(*, run_id: str, worker: str = "", verify: InlineVerify | None = 
         try:
             with Heartbeat(attempt, every=run.job.heartbeat_timeout_seconds / 4) as beat:
                 warehouse = get_warehouse()
-                marker = warehouse.marker(run.run_id)
+                # Only an earlier attempt of this run can have committed its rows (the
+                # first attempt's staging reads the marker in its own transaction too).
+                marker = warehouse.marker(run.run_id) if attempt.attempt_no > 1 else None
                 if marker is not None:
                     logger.info("commit marker found (attempt %s): not writing again", marker.attempt_no)
                 else:
