@@ -480,11 +480,15 @@ class SqlWarehouse(WarehouseBackend):
                 "`manage.py upgrade_warehouse_layout` first",
                 field="dataset",
             )
-        if kind is not None and not {"_run_id", "_partition"} <= set(self._columns_of(spec.name)):
+        if kind is not None and not self._is_reader_table(spec.name):
             raise ValidationError(
                 f"a table named {spec.name!r} already exists; the reader table needs that name",
                 field="dataset",
             )
+
+    def _is_reader_table(self, name: str) -> bool:
+        """Whether the table `name` has the reader table's bookkeeping columns."""
+        return {"_run_id", "_partition"} <= set(self._columns_of(name))
 
     def _evolve_columns(self, spec: DatasetSpec, table: str, present: dict[str, str]) -> None:
         """Add the declared columns `table` lacks; refuse a retyped one."""
@@ -499,14 +503,31 @@ class SqlWarehouse(WarehouseBackend):
                 )
 
     def _reader_indexes(self, spec: DatasetSpec) -> list[tuple[str, ...]]:
-        """The indexes of the reader table: the partition (a publish replaces one), the
-        partition column readers filter on, and the declared ones."""
-        return list(dict.fromkeys([("_partition",), (spec.partition_key_column,), *spec.indexes]))
+        """The indexes of the reader table: the partition key readers filter on (the
+        partition column, else `_partition`), which is also what a publish replaces a
+        partition by, and the declared ones."""
+        return list(dict.fromkeys([(spec.partition_key_column,), *spec.indexes]))
+
+    def _reader_bookkeeping(self, spec: DatasetSpec) -> list[str]:
+        """The current table's columns beyond the data: `_partition` only. With a
+        partition column it is a VIRTUAL generated copy of it (no bytes stored, no
+        index of its own); the run is not stored per row (the pointer names it;
+        `read_partition` joins it), so a reader's pages hold what a plain table's
+        would (issue #15: wider rows cost every scan)."""
+        if spec.partition_column:
+            return [f'"_partition" TEXT GENERATED ALWAYS AS ({_quote(spec.partition_column)}) VIRTUAL']
+        return ['"_partition" TEXT NOT NULL']
+
+    @abc.abstractmethod
+    def _partition_key_of(self, name: str) -> str | None:
+        """The column `<name>` holds a partition's key in (SQLite's current table:
+        `_partition` where it is stored, else the partition column it is generated
+        from); None if there is no such table."""
 
     def _build_dataset(self, spec: DatasetSpec) -> None:
         """The versions table `<name>__versions` (one index, on the run: a run writes
         one partition, and every index is paid for by every staging INSERT) and the
-        current table `<name>` with its indexes."""
+        current table `<name>` with its indexes (`_reader_bookkeeping`)."""
         table = spec.versions_table
         present = self._columns_of(table)
         if not present:
@@ -520,8 +541,7 @@ class SqlWarehouse(WarehouseBackend):
         current = self._columns_of(spec.name)
         if not current:
             columns = [f"{_quote(name)} {kind}" for name, kind in stored.items()]
-            columns += ['"_partition" TEXT NOT NULL', '"_run_id" TEXT NOT NULL']
-            self.execute(f"CREATE TABLE {_quote(spec.name)} ({', '.join(columns)})")
+            self.execute(f"CREATE TABLE {_quote(spec.name)} ({', '.join(columns + self._reader_bookkeeping(spec))})")
         else:
             for name, kind in stored.items():
                 if name not in current:
@@ -537,7 +557,7 @@ class SqlWarehouse(WarehouseBackend):
         if any(present.get(c.name, "").lower() != self._physical(c.type).lower() for c in spec.columns):
             return False
         data_columns = {name for name in present if name not in BOOKKEEPING_COLUMNS}
-        if set(self._columns_of(spec.name)) != data_columns | {"_partition", "_run_id"}:
+        if set(self._columns_of(spec.name)) - {"_partition", "_run_id"} != data_columns:
             return False
         wanted = {_index_name(spec.name, columns) for columns in self._reader_indexes(spec)}
         return wanted <= self._index_names(spec.name)
@@ -597,9 +617,11 @@ class SqlWarehouse(WarehouseBackend):
     def _show(self, *, name: str, partition: str, run_id: str, previous_run_id: str | None) -> None:
         """Inside the pointer's transaction, after its compare-and-set: make `<name>`
         hold `run_id`'s rows for `partition` instead of `previous_run_id`'s. Here: the
-        current table's rows of the partition are replaced by the version's."""
+        current table's rows of the partition are replaced by the version's (its
+        stored columns: a generated `_partition` is not written)."""
         columns = ", ".join(_quote(c) for c in self._columns_of(name))
-        self.execute(f'DELETE FROM {_quote(name)} WHERE "_partition" = ?', (partition,))
+        key = self._partition_key_of(name) or "_partition"
+        self.execute(f'DELETE FROM {_quote(name)} WHERE {_quote(key)} = ?', (partition,))
         self.execute(f'INSERT INTO {_quote(name)} ({columns}) SELECT {columns} '
                      f'FROM {_quote(name + "__versions")} WHERE "_run_id" = ?', (run_id,))
 
@@ -656,18 +678,30 @@ class SqlWarehouse(WarehouseBackend):
                 time.sleep(pause)
                 pause = min(pause * 2, 2.0)
 
+    def _reader_is_current(self, spec: DatasetSpec) -> bool:
+        """Whether `<name>` is a current table of this layout for `spec`: not a view,
+        not the earlier wide table (`_run_id` stored in every row), its partition key
+        the catalog's."""
+        return (self._relation_kind(spec.name) == "table" and "_run_id" not in self._columns_of(spec.name)
+                and self._partition_key_of(spec.name) == spec.partition_key_column)
+
     def upgrade_layout(self, spec: DatasetSpec) -> dict[str, Any]:
-        """The earlier layout had `<name>` as a view over `<name>__versions` joined to
-        the pointer. Here the versions table stays as it is; the view becomes the
-        current table, filled with the published rows, with its indexes."""
+        """Earlier layouts had `<name>` as a view over `<name>__versions` joined to the
+        pointer, then as a current table storing `_run_id` and `_partition` in every
+        row. Here the versions table stays as it is; the view or old table is
+        replaced by the current table of this layout, filled with the published rows,
+        with its indexes, in one transaction."""
         self._ensure_meta_once()
-        if self._relation_kind(spec.name) != "view":
+        if self._relation_kind(spec.name) is None or self._reader_is_current(spec):
             return {}
         with self.transaction():
             self._lock(f"dataset:{spec.name}")
-            if self._relation_kind(spec.name) != "view":
+            kind = self._relation_kind(spec.name)
+            if kind is None or self._reader_is_current(spec):
                 return {}
-            self.execute(f"DROP VIEW {_quote(spec.name)}")
+            if kind == "table" and not self._is_reader_table(spec.name):
+                return {}  # not the portal's: ensure_dataset refuses it, naming it
+            self.execute(f"DROP {'VIEW' if kind == 'view' else 'TABLE'} {_quote(spec.name)}")
             self._ready.discard(spec)
             self._build_dataset(spec)
             names = list(self._columns_of(spec.name))
@@ -1023,15 +1057,21 @@ class SqlWarehouse(WarehouseBackend):
     def _numbers(self, spec: DatasetSpec, run_id: str) -> VersionNumbers:
         """The version's numbers in one scan: grouped by the business key (a group's
         rows share their key, NULL parts included), then summed over the groups."""
+        return self._to_numbers(self.query(self._numbers_statement(spec, run_id), (run_id,))[0])
+
+    def _numbers_statement(self, spec: DatasetSpec, run_id: str, *, also: str = "") -> str:
+        """`_numbers`' statement (bound with the run id); `also`: one more per-row
+        count, an expression over the row (its `?` bound before the run id), summed as
+        a fifth column."""
         keys = ", ".join(_quote(k) for k in spec.business_key)
         any_null = " OR ".join(f"{_quote(k)} IS NULL" for k in spec.business_key)
         measure = f"SUM({_quote(spec.core_measure)})" if spec.core_measure else "NULL"
-        return self._to_numbers(self.query(
-            f"""SELECT COALESCE(SUM(g.n), 0), COALESCE(SUM(CASE WHEN g.null_key = 1 THEN g.n ELSE 0 END), 0),
-                SUM(g.m), COALESCE(SUM(CASE WHEN g.null_key = 1 THEN 0 ELSE 1 END), 0)
-            FROM (SELECT COUNT(*) AS n, {measure} AS m, MAX(CASE WHEN {any_null} THEN 1 ELSE 0 END) AS null_key
-                  FROM {_quote(self._stored_table(spec, run_id))} WHERE "_run_id" = ? GROUP BY {keys}) AS g""",
-            (run_id,))[0])
+        outer, inner = (", COALESCE(SUM(g.also), 0)", f", SUM(CASE WHEN {also} THEN 1 ELSE 0 END) AS also") \
+            if also else ("", "")
+        return f"""SELECT COALESCE(SUM(g.n), 0), COALESCE(SUM(CASE WHEN g.null_key = 1 THEN g.n ELSE 0 END), 0),
+                SUM(g.m), COALESCE(SUM(CASE WHEN g.null_key = 1 THEN 0 ELSE 1 END), 0){outer}
+            FROM (SELECT COUNT(*) AS n, {measure} AS m, MAX(CASE WHEN {any_null} THEN 1 ELSE 0 END) AS null_key{inner}
+                  FROM {_quote(self._stored_table(spec, run_id))} WHERE "_run_id" = ? GROUP BY {keys}) AS g"""
 
     _MARKER_COLUMNS = ('"run_id", "attempt_no", "dataset", "partition", "row_count", "fingerprint", "committed_at", '
                        '"null_keys", "distinct_keys", "measure_sum", "numbers_of"')

@@ -10,16 +10,31 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import operator
+import re
 import sqlite3
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, unquote
 
 from backfill_portal.backends import register_backend
-from backfill_portal.backends.base import FINGERPRINT_DECIMALS, ColumnSpec, DatasetSpec, Estimate, WarehouseUnavailable
+from backfill_portal.backends.base import (
+    FINGERPRINT_DECIMALS,
+    MAX_DATASET_NAME,
+    ColumnSpec,
+    DatasetSpec,
+    Estimate,
+    Marker,
+    VersionNumbers,
+    WarehouseUnavailable,
+    identifier,
+)
 from backfill_portal.backends.sql import SqlWarehouse, _quote
+from backfill_portal.core.errors import ValidationError
 
 SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S"
+# How the current table's `_partition` is declared when a partition column holds the key.
+_GENERATED_PARTITION = re.compile(r'"_partition" TEXT GENERATED ALWAYS AS \("([^"]+)"\) VIRTUAL')
 # The busy timeout: how long a writer queues for the write lock (SQLite's lock timeout).
 BUSY_TIMEOUT_SECONDS = 30
 
@@ -98,8 +113,69 @@ class SQLiteWarehouse(SqlWarehouse):
         return rows[0][0] if rows else None
 
     def _columns_of(self, relation: str) -> dict[str, str]:
+        """The stored columns (pragma table_info leaves generated ones out)."""
         rows = self.query("SELECT name, type FROM pragma_table_info(?) ORDER BY cid", (relation,))
         return {name: kind for name, kind in rows}
+
+    # -- the current table ------------------------------------------------------------
+
+    def _partition_key_of(self, name: str) -> str | None:
+        rows = self.query("SELECT sql FROM sqlite_master WHERE name = ? AND type = 'table'", (name,))
+        if not rows:
+            return None
+        if "_partition" in self._columns_of(name):
+            return "_partition"
+        generated = _GENERATED_PARTITION.search(rows[0][0] or "")
+        return generated.group(1) if generated else None
+
+    def _is_reader_table(self, name: str) -> bool:
+        return self._partition_key_of(name) is not None
+
+    def _refuse_foreign_relation(self, spec: DatasetSpec) -> None:
+        super()._refuse_foreign_relation(spec)
+        key = self._partition_key_of(spec.name)
+        if key not in (None, "_partition", spec.partition_key_column):
+            raise ValidationError(
+                f"{spec.name!r} holds its partitions by {key!r} but the catalog names {spec.partition_key_column!r}; "
+                "`manage.py upgrade_warehouse_layout` rebuilds it", field="partition_column")
+
+    def read_partition(self, name: str, partition: str) -> list[dict]:
+        """The published rows of one partition as readers see them, with the run the
+        pointer names as `_run_id` (the current table does not store it per row; an
+        earlier wide one does): one statement, so one consistent version."""
+        identifier(name, what="dataset", max_length=MAX_DATASET_NAME)
+        key = self._partition_key_of(name) or "_partition"
+        if "_run_id" in self._columns_of(name):
+            return self.query_dicts(f'SELECT * FROM {_quote(name)} WHERE {_quote(key)} = ?', (partition,))
+        return self.query_dicts(
+            f'SELECT t.*, c."run_id" AS "_run_id" FROM {_quote(name)} AS t JOIN "_bf_current" AS c '
+            f'ON c."dataset" = ? AND c."partition" = ? WHERE t.{_quote(key)} = ?', (name, partition, partition))
+
+    # -- the marker's numbers -----------------------------------------------------------
+
+    def _finish_version(self, *, spec: DatasetSpec, run_id: str, partition: str) -> None:
+        """Nothing here: whether every row holds its partition is counted in the
+        marker's own aggregate (`_commit_marker`), not in a scan of its own."""
+
+    def _commit_marker(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
+                       taken: tuple[VersionNumbers, str] | None = None) -> Marker:
+        """The numbers and the rows outside their partition in one grouped scan; a row
+        outside it is refused (the whole stage rolls back), else the fingerprint."""
+        if taken is None:
+            if spec.partition_column:
+                column = _quote(spec.partition_column)
+                row = self.query(self._numbers_statement(spec, run_id, also=f"{column} IS NULL OR {column} <> ?"),
+                                 (partition, run_id))[0]
+                if row[4]:
+                    super()._finish_version(spec=spec, run_id=run_id, partition=partition)  # names the value
+                    raise ValidationError(f"{spec.name}.{spec.partition_column}: {row[4]} rows are not in their "
+                                          f"partition {partition!r}", field="partition_column")
+                numbers = self._to_numbers(row)
+            else:
+                numbers = self._numbers(spec, run_id)
+            taken = (numbers, self._fingerprint(spec, run_id))
+        return super()._commit_marker(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition,
+                                      taken=taken)
 
     # -- fingerprint ------------------------------------------------------------------
 
@@ -136,11 +212,13 @@ class SQLiteWarehouse(SqlWarehouse):
 
         values = ", ".join(normalised(c) for c in spec.columns)
         digest = hashlib.blake2b(digest_size=16)
+        first = operator.itemgetter(0)
         for batch in self.stream(
             f"""SELECT json_array({values}) AS line FROM {_quote(spec.versions_table)}
             WHERE "_run_id" = ? ORDER BY line""",
             (run_id,),
         ):
-            # One line per row, so the digest does not depend on the batch size.
-            digest.update("".join([line + "\n" for (line,) in batch]).encode())
+            # Each line ends in a newline, so the digest does not depend on the batch
+            # size; one join a batch, not a new string a row.
+            digest.update(("\n".join(map(first, batch)) + "\n").encode())
         return digest.hexdigest()

@@ -200,3 +200,24 @@ def test_a_staged_version_never_changes_the_reader_table(wh):
         stage(wh, "run-c", failing())
 
     assert sorted(wh.query('SELECT * FROM "orders"'), key=repr) == before
+
+
+def test_sqlite_s_current_table_stores_what_a_plain_table_would(wh):
+    """No per-row run id, and with a partition column no second copy of it: a reader's
+    pages hold the data only (wider rows cost every scan). `_partition` is still a
+    column readers can select, and `read_partition` still names the run."""
+    if wh.dialect != "sqlite":
+        pytest.skip("PostgreSQL's reader table is its attached version tables")
+    wh.stage_rows(spec=DAILY, run_id="run-1", attempt_no=1, partition=DAY, rows=daily_rows(7))
+    wh.publish(spec_or_name=DAILY, partition=DAY, run_id="run-1", expected_run_id=None, actor="owner")
+
+    stored = [name for (name,) in wh.query('SELECT name FROM pragma_table_info(?)', (DAILY.name,))]
+    assert stored == list(DAILY.column_names)
+    assert wh.query(f'SELECT DISTINCT "_partition" FROM "{DAILY.name}"') == [(DAY,)]
+    assert ("_partition",) not in indexed_columns(wh, DAILY.name)  # the partition column's index serves
+    rows = wh.read_partition(DAILY.name, DAY)
+    assert len(rows) == 7 and {(r["_run_id"], r["_partition"]) for r in rows} == {("run-1", DAY)}
+    stage(wh, "run-o", order_rows(3))  # no partition column: `_partition` is stored and indexed
+    publish(wh, "run-o", None)
+    assert [n for (n,) in wh.query("SELECT name FROM pragma_table_info('orders')")][-1] == "_partition"
+    assert ("_partition",) in indexed_columns(wh, "orders")

@@ -129,3 +129,54 @@ def test_the_upgrade_converts_a_view_layout_keeping_every_version_and_the_histor
 def test_the_upgrade_names_an_unknown_dataset_in_one_line(catalog, old_url):
     with pytest.raises(CommandError, match="no produced dataset named nope in the catalog"):
         call_command("upgrade_warehouse_layout", "--dataset", "nope")
+
+
+def build_wide_current_layout(url: str, spec: DatasetSpec) -> None:
+    """SQLite's first current-table layout (issue #15's first round), as its code wrote
+    it: the view layout's heap and bookkeeping, and `<dataset>` a table storing
+    `_partition` and `_run_id` in every row, indexed on `_partition` and the partition
+    key, holding the published rows."""
+    build_view_layout(url, spec)
+    wh = make_warehouse(url)
+    columns = ", ".join(f'"{c.name}" {"REAL" if c.type == "numeric" else "TEXT"}' for c in spec.columns)
+    listed = ", ".join(f'"{c}"' for c in (*spec.column_names, "_partition", "_run_id"))
+    wh.execute(f'CREATE TABLE "{spec.name}__wide" ({columns}, "_partition" TEXT NOT NULL, "_run_id" TEXT NOT NULL)')
+    wh.execute(f'INSERT INTO "{spec.name}__wide" ({listed}) SELECT {listed} FROM "{spec.name}"')
+    wh.execute(f'DROP VIEW "{spec.name}"')
+    wh.execute(f'ALTER TABLE "{spec.name}__wide" RENAME TO "{spec.name}"')
+    for i, column in enumerate(dict.fromkeys(("_partition", spec.partition_key_column))):
+        wh.execute(f'CREATE INDEX "old_{i}" ON "{spec.name}" ("{column}")')
+    wh.close()
+
+
+def test_sqlite_s_wide_current_table_keeps_working_and_the_upgrade_narrows_it(catalog, old_url, capsys):
+    """A current table of the first layout (the run and partition stored in every row)
+    is still read and published by the new code; the upgrade rebuilds it without them,
+    keeping every version, pointer and pointer move."""
+    if not old_url.startswith("sqlite"):
+        pytest.skip("SQLite's current table")
+    spec = spec_for(Dataset.objects.get(name="dwd_order_items"))
+    build_wide_current_layout(old_url, spec)
+    wh = make_warehouse(old_url)
+    history = wh.history(spec.name, DAY) + wh.history(spec.name, NEXT_DAY)
+    wh.ensure_dataset(spec)  # the old table is the portal's: not refused
+    assert {r["_run_id"] for r in wh.read_partition(spec.name, DAY)} == {"old-2"}
+    wh.rollback(name=spec.name, partition=DAY, to_run_id="old-1", expected_run_id="old-2", actor="oncall")
+    assert rows_of(wh, f'"{spec.name}"') == sorted(RUNS["old-1"][1] + RUNS["old-3"][1])
+    wh.close()
+
+    call_command("upgrade_warehouse_layout", "--reason", "narrow the reader table")
+
+    assert "dwd_order_items: converted (versions 4, published rows 3)" in capsys.readouterr().out
+    wh = get_warehouse()
+    stored = [name for (name,) in wh.query("SELECT name FROM pragma_table_info(?)", (spec.name,))]
+    assert stored == list(spec.column_names) + ([] if spec.partition_column else ["_partition"])
+    assert rows_of(wh, f'"{spec.name}"') == sorted(RUNS["old-1"][1] + RUNS["old-3"][1])
+    assert {r["_run_id"] for r in wh.read_partition(spec.name, NEXT_DAY)} == {"old-3"}
+    assert wh.history(spec.name, DAY) + wh.history(spec.name, NEXT_DAY) != history  # the rollback above
+    assert len(wh.history(spec.name, DAY)) == 3
+    wh.stage_rows(spec=spec, run_id="new-1", attempt_no=1, partition=DAY, rows=[("o9", "i1", "food", 1.0)])
+    wh.publish(spec_or_name=spec, partition=DAY, run_id="new-1", expected_run_id="old-1", actor="olivia")
+    assert rows_of(wh, f'"{spec.name}"') == sorted([("o9", "i1", "food", 1.0)] + RUNS["old-3"][1])
+    call_command("upgrade_warehouse_layout")
+    assert "dwd_order_items: nothing to convert" in capsys.readouterr().out
