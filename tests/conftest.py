@@ -1,6 +1,7 @@
 """Shared fixtures: named personas (as Healthchecks' alice/bob/charlie) and a small catalog."""
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
@@ -237,6 +238,25 @@ DEPTH_CATALOG = textwrap.dedent(
           ) AS u
     """
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def run_log_dir(tmp_path_factory):
+    """The run logs (`RUN_LOG_DIR/<run_id>.jsonl`) of the whole session go to one
+    temporary folder, never the checkout's var/log/runs: for this process (the setting)
+    and for every process a test starts with this environment (real workers, beat,
+    servers, manage.py). A test that reads its own run logs still sets its own."""
+    from django.conf import settings
+
+    path = str(tmp_path_factory.mktemp("run-logs"))
+    before_env, before_setting = os.environ.get("RUN_LOG_DIR"), settings.RUN_LOG_DIR
+    os.environ["RUN_LOG_DIR"] = settings.RUN_LOG_DIR = path
+    yield path
+    settings.RUN_LOG_DIR = before_setting
+    if before_env is None:
+        os.environ.pop("RUN_LOG_DIR", None)
+    else:
+        os.environ["RUN_LOG_DIR"] = before_env
 
 
 @pytest.fixture(autouse=True)

@@ -113,3 +113,21 @@ def test_a_worker_pool_must_hold_a_task_and_its_heartbeat(monkeypatch):
     assert database_config(PG, "web")["OPTIONS"]["pool"]["max_size"] == 1
     with pytest.raises(ImproperlyConfigured, match="too small for a worker: a task and its attempt's heartbeat need 2"):
         database_config(PG, "worker")
+
+
+def test_the_suite_writes_run_logs_to_its_own_temporary_folder_and_processes_it_starts_do_too(run_log_dir):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from django.conf import settings
+
+    root = Path(__file__).resolve().parents[2]
+    assert settings.RUN_LOG_DIR == run_log_dir == os.environ["RUN_LOG_DIR"]
+    assert not Path(run_log_dir).resolve().is_relative_to(root)
+    child = subprocess.run([sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
+                            "print(settings.RUN_LOG_DIR)"], cwd=root, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "DJANGO_SETTINGS_MODULE": "backfill_portal.settings"})
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == run_log_dir

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +40,7 @@ def worker_log(start_worker, tmp_path):
     return lines
 
 
-def test_a_real_workers_lines_are_json_and_name_the_run_attempt_and_request(personas, worker_log):
+def test_a_real_workers_lines_are_json_and_name_the_run_attempt_and_request(personas, worker_log, run_log_dir):
     request = approved_request(personas, job="slow_items", start="2022-10-01", end="2022-10-01")
     deadline = time.time() + 90
     run = None
@@ -74,3 +75,6 @@ def test_a_real_workers_lines_are_json_and_name_the_run_attempt_and_request(pers
                   and ("execute_run" in line["msg"] or "verify_run" in line["msg"])]
     assert task_lines and all(line["run_id"] == run.run_id for line in task_lines)
     assert [line["attempt_no"] for line in task_lines if "execute_run" in line["msg"]] == [1]
+    # The worker appended the run's lines to the session's run logs, not the checkout's.
+    run_log = Path(run_log_dir) / f"{run.run_id}.jsonl"
+    assert any(json.loads(text)["msg"] == started[0]["msg"] for text in run_log.read_text().splitlines())
