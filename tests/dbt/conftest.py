@@ -34,9 +34,13 @@ def shop_orders(warehouse_url):
     return warehouse_url
 
 
-def sync_dbt(*args) -> list[str]:
+SYNC_REASON = "deploy of the dbt_shop models"
+
+
+def sync_dbt(*args, actor: str = "olivia", reason: str = SYNC_REASON) -> list[str]:
+    """`manage.py sync_dbt ARGS --actor olivia --reason ...`: its output's lines."""
     out = io.StringIO()
-    call_command("sync_dbt", *[str(a) for a in args], stdout=out)
+    call_command("sync_dbt", *[str(a) for a in args], "--actor", actor, "--reason", reason, stdout=out)
     return out.getvalue().splitlines()
 
 

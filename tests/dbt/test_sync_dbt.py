@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 
 from backfill_portal.catalog.models import CodeVersion, Dataset, Job
 from backfill_portal.core.models import AuditEvent
-from tests.dbt.conftest import summary, sync_dbt
+from tests.dbt.conftest import SYNC_REASON, summary, sync_dbt
 
 pytestmark = pytest.mark.django_db
 
@@ -70,8 +70,43 @@ def test_a_warn_severity_test_is_a_non_blocking_check_and_a_model_without_time_i
 
 def failure(path) -> str:
     with pytest.raises(CommandError) as exc:
-        call_command("sync_dbt", str(path))
+        call_command("sync_dbt", str(path), "--actor", "olivia", "--reason", SYNC_REASON)
     return str(exc.value)
+
+
+def test_every_audit_row_of_a_sync_names_who_synced_and_why_and_one_row_sums_it_up(personas, dbt_shop):
+    sync_dbt(dbt_shop, actor="sam", reason="DEPLOY-42: the shop models")
+    rows = list(AuditEvent.objects.filter(action__startswith="catalog."))
+    assert {r.action for r in rows} == {"catalog.create", "catalog.code_version", "catalog.sync"}
+    assert all(r.actor.username == "sam" and r.reason == "DEPLOY-42: the shop models" for r in rows)
+    summary_row, = (r for r in rows if r.action == "catalog.sync")
+    assert summary_row.object_type == "catalog" and summary_row.object_id == str(dbt_shop)
+    assert summary_row.data["origin"] == "dbt" and summary_row.data["project"] == "dbt_shop"
+    assert len(summary_row.data["created"]) == 7 and summary_row.data["changed"] == []
+    # A sync that changes nothing writes nothing; a changed macro is one more sum-up, by its actor.
+    sync_dbt(dbt_shop, actor="olivia", reason="no change")
+    assert AuditEvent.objects.filter(action__startswith="catalog.").count() == len(rows)
+    macro = dbt_shop / "macros" / "cents_to_amount.sql"
+    macro.write_text(macro.read_text().replace("numeric(12, 2)", "numeric(14, 2)"))
+    sync_dbt(dbt_shop, actor="olivia", reason="INC-7: wider amounts")
+    latest = AuditEvent.objects.filter(action="catalog.sync").order_by("-id").first()
+    assert latest.actor.username == "olivia" and latest.reason == "INC-7: wider amounts"
+    assert any(line.startswith("job orders code version") for line in latest.data["changed"])
+    assert AuditEvent.objects.filter(action="catalog.sync").count() == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    ((), "--actor is required"),
+    (("--actor", "olivia"), "--reason is required"),
+    (("--actor", "olivia", "--reason", "   "), "--reason is required"),
+    (("--actor", "nobody", "--reason", "x"), "'nobody' is not an active portal user"),
+])
+def test_a_sync_without_who_or_why_is_refused_and_writes_nothing(personas, dbt_shop, args, message):
+    before = AuditEvent.objects.count()
+    with pytest.raises(CommandError, match=message):
+        call_command("sync_dbt", str(dbt_shop), *args)
+    assert not Dataset.objects.exists() and not Job.objects.exists()
+    assert AuditEvent.objects.count() == before
 
 
 def test_bad_projects_are_refused_naming_the_model_and_the_field_and_nothing_is_written(personas, dbt_shop, tmp_path):

@@ -514,13 +514,14 @@ def _where(manifest, uid: str) -> str:
 # -- writing --------------------------------------------------------------------------
 
 
-def _upsert(model, lookup: dict, values: dict, label: str, report: SyncReport, actor, *, audit_type: str):
+def _upsert(model, lookup: dict, values: dict, label: str, report: SyncReport, actor, reason: str, *,
+            audit_type: str):
     obj = model.objects.filter(**lookup).first()
     if obj is None:
         obj = model.objects.create(**lookup, **values)
         report.created.append(label)
         audit_record(actor=actor, action="catalog.create", object_type=audit_type, object_id=lookup["name"],
-                     data={"origin": "dbt", **{k: getattr(v, "pk", v) for k, v in values.items()}})
+                     reason=reason, data={"origin": "dbt", **{k: getattr(v, "pk", v) for k, v in values.items()}})
         return obj
     changes = {k: v for k, v in values.items() if getattr(getattr(obj, k), "pk", getattr(obj, k)) != getattr(v, "pk", v)}
     if changes:
@@ -530,7 +531,7 @@ def _upsert(model, lookup: dict, values: dict, label: str, report: SyncReport, a
         obj.save()
         report.changed.append(label)
         audit_record(actor=actor, action="catalog.change", object_type=audit_type, object_id=lookup["name"],
-                     data={"origin": "dbt", "before": before, "after": {k: getattr(v, "pk", v) for k, v in changes.items()}})
+                     reason=reason, data={"origin": "dbt", "before": before, "after": {k: getattr(v, "pk", v) for k, v in changes.items()}})
     else:
         report.unchanged.append(label)
     return obj
@@ -557,8 +558,11 @@ def _refuse_clashes(plan: dict) -> None:
     problems.raise_if_any()
 
 
-def dbt_sync(*, path: str | Path, actor=None) -> DbtSyncReport:
-    """Sync the dbt project at `path` (a directory or its target/manifest.json)."""
+def dbt_sync(*, path: str | Path, actor=None, reason: str = "") -> DbtSyncReport:
+    """Sync the dbt project at `path` (a directory or its target/manifest.json). Every
+    audit row carries the actor and the reason (who synced and why), as the YAML
+    catalog's do, and one `catalog.sync` row sums up a sync that changed anything."""
+    reason = (reason or "").strip()
     project = load_project(path)
     users = {u.username: u for u in get_user_model().objects.all()}
     plan = dbt_plan(project, users=users)
@@ -571,7 +575,7 @@ def dbt_sync(*, path: str | Path, actor=None) -> DbtSyncReport:
             if made:
                 report.created.append(f"team {name}")
                 audit_record(actor=actor, action="catalog.create", object_type="team", object_id=name,
-                             data={"origin": "dbt"})
+                             reason=reason, data={"origin": "dbt"})
             else:
                 report.unchanged.append(f"team {name}")
         pools = {}
@@ -580,7 +584,7 @@ def dbt_sync(*, path: str | Path, actor=None) -> DbtSyncReport:
             if made:
                 report.created.append(f"pool {name}")
                 audit_record(actor=actor, action="catalog.create", object_type="pool", object_id=name,
-                             data={"origin": "dbt", "slots": 8, "reserved_for_production": 2})
+                             reason=reason, data={"origin": "dbt", "slots": 8, "reserved_for_production": 2})
             else:
                 report.unchanged.append(f"pool {name}")
         datasets = {}
@@ -593,7 +597,7 @@ def dbt_sync(*, path: str | Path, actor=None) -> DbtSyncReport:
                 report.unchanged.append(f"dataset {name}")
                 datasets[name] = existing
                 continue
-            datasets[name] = _upsert(Dataset, {"name": name}, values, f"dataset {name}", report, actor,
+            datasets[name] = _upsert(Dataset, {"name": name}, values, f"dataset {name}", report, actor, reason,
                                      audit_type="dataset")
         for name, j in plan["jobs"].items():
             values = {
@@ -603,7 +607,7 @@ def dbt_sync(*, path: str | Path, actor=None) -> DbtSyncReport:
                 "heartbeat_timeout_seconds": j["heartbeat_timeout_seconds"], "scheduled": j["scheduled"],
                 "pool": pools[j["pool"]], "definition": j["definition"],
             }
-            job = _upsert(Job, {"name": name}, values, f"job {name}", report, actor, audit_type="job")
+            job = _upsert(Job, {"name": name}, values, f"job {name}", report, actor, reason, audit_type="job")
             wanted = {datasets[u].pk for u in j["reads"]}
             if set(job.upstreams.values_list("pk", flat=True)) != wanted:
                 job.upstreams.set(wanted)
@@ -618,9 +622,14 @@ def dbt_sync(*, path: str | Path, actor=None) -> DbtSyncReport:
                     report.changed.append(f"job {name} code version {previous} -> {version.short_hash}")
                     report.new_code_versions.append(name)
                 audit_record(actor=actor, action="catalog.code_version", object_type="job", object_id=name,
-                             dataset=j["produces"], data={"from": previous, "to": version.short_hash, "new": made,
+                             dataset=j["produces"], reason=reason, data={"from": previous, "to": version.short_hash, "new": made,
                                                           "origin": "dbt", "model": j["definition"]["dbt"]["model"],
                                                           "checksum": j["definition"]["dbt"]["checksum"]})
+        if report.created or report.changed:
+            audit_record(actor=actor, action="catalog.sync", object_type="catalog", object_id=str(path)[-255:],
+                         reason=reason, data={"origin": "dbt", "project": project.name, "created": report.created,
+                                              "changed": report.changed, "unchanged": len(report.unchanged),
+                                              "refused": [model for model, _ in report.refused]})
     return report
 
 

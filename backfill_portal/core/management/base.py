@@ -70,6 +70,28 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text} (rerun with --traceback for the details)"
 
 
+def add_actor_arguments(parser, *, does: str) -> None:
+    """`--actor USER --reason TEXT` of a command whose changes are audited: who `does` it
+    and why (`actor_and_reason` checks them)."""
+    parser.add_argument("--actor", default="", help=f"the portal user who {does} (audited as the actor)")
+    parser.add_argument("--reason", default="", help="why: the change, ticket or deploy (audited)")
+
+
+def actor_and_reason(actor: str, reason: str, *, does: str, changes: str):
+    """The active portal user named by --actor and the stripped --reason, else a
+    CommandError saying which is missing: every audit row names a person and a why."""
+    from django.contrib.auth import get_user_model
+
+    if not actor.strip():
+        raise CommandError(f"--actor is required: the portal user who {does} (audited as the actor, never 'system')")
+    user = get_user_model().objects.filter(username=actor.strip(), is_active=True).first()
+    if user is None:
+        raise CommandError(f"--actor {actor.strip()!r} is not an active portal user")
+    if not reason.strip():
+        raise CommandError(f"--reason is required: say why {changes} (it is audited with every change)")
+    return user, reason.strip()
+
+
 class PortalCommand(BaseCommand):
     """Base of every project command (see the module docstring)."""
 

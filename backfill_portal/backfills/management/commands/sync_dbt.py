@@ -6,21 +6,26 @@ from backfill_portal.catalog import dbt_project
 from backfill_portal.catalog.models import Job
 from backfill_portal.catalog.services.dbt_sync import DbtSyncError, dbt_sync
 from backfill_portal.core.errors import ApplicationError
-from backfill_portal.core.management.base import PortalCommand, describe_failure
+from backfill_portal.core.management.base import PortalCommand, actor_and_reason, add_actor_arguments, \
+    describe_failure
 
 
 class Command(PortalCommand):
     help = ("Sync a dbt project (its directory, or its target/manifest.json) into the catalog (idempotent); "
-            "prints what it created, changed, left, and the partitions built by older code versions.")
+            "prints what it created, changed, left, and the partitions built by older code versions. "
+            "Every change is audited with --actor and --reason: who synced and why.")
 
     def add_arguments(self, parser):
         parser.add_argument("path", help="a dbt project directory, or its target/manifest.json")
+        add_actor_arguments(parser, does="syncs")
         parser.add_argument("--draft-backfill", metavar="USERNAME", default="",
                             help="also file a draft request, as USERNAME, rebuilding the stale partitions")
 
-    def handle(self, *args, path, draft_backfill, **options):
+    def handle(self, *args, path, actor, reason, draft_backfill, **options):
+        # Who and why before dbt parses the project (seconds): the refusal comes at once.
+        user, reason = actor_and_reason(actor, reason, does="syncs", changes="the catalog changes")
         try:
-            report = dbt_sync(path=path)
+            report = dbt_sync(path=path, actor=user, reason=reason)
         except DbtSyncError as exc:
             line = describe_failure(exc)
             raise CommandError(line if str(path) in line else f"{path}: {line}") from None

@@ -1,8 +1,8 @@
-from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
 from backfill_portal.catalog.services.sync import CatalogError, catalog_parse, catalog_sync_file, catalog_validate
-from backfill_portal.core.management.base import PortalCommand, describe_failure
+from backfill_portal.core.management.base import PortalCommand, actor_and_reason, add_actor_arguments, \
+    describe_failure
 
 
 class Command(PortalCommand):
@@ -11,8 +11,7 @@ class Command(PortalCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("path")
-        parser.add_argument("--actor", default="", help="the portal user who syncs (audited as the actor)")
-        parser.add_argument("--reason", default="", help="why: the change, ticket or deploy (audited)")
+        add_actor_arguments(parser, does="syncs")
 
     def handle(self, *args, path, actor, reason, **options):
         try:
@@ -21,9 +20,7 @@ class Command(PortalCommand):
         except CatalogError as exc:
             line = describe_failure(exc)
             raise CommandError(line if str(path) in line else f"{path}: {line}") from None
-        user = _actor(actor)
-        if not reason.strip():
-            raise CommandError("--reason is required: say why the catalog changes (it is audited with every change)")
+        user, reason = actor_and_reason(actor, reason, does="syncs", changes="the catalog changes")
         try:
             report = catalog_sync_file(path=path, actor=user, reason=reason)
         except CatalogError as exc:
@@ -40,12 +37,3 @@ def _read(path: str) -> str:
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise CatalogError(f"cannot read the catalog file {path}: {exc.strerror}", field="path") from None
-
-
-def _actor(username: str):
-    if not username.strip():
-        raise CommandError("--actor is required: the portal user who syncs (audited as the actor, never 'system')")
-    user = get_user_model().objects.filter(username=username.strip(), is_active=True).first()
-    if user is None:
-        raise CommandError(f"--actor {username.strip()!r} is not an active portal user")
-    return user
