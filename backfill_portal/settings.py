@@ -554,6 +554,10 @@ if OPENLINEAGE_TIMEOUT_SECONDS <= 0:
 VERSION_RETENTION_DAYS = env_int("VERSION_RETENTION_DAYS", 30)
 if VERSION_RETENTION_DAYS < 1:
     raise ImproperlyConfigured(f"VERSION_RETENTION_DAYS={VERSION_RETENTION_DAYS} must be at least 1")
+# OpenLineage events delivered longer ago than this are deleted (never an undelivered one).
+LINEAGE_EVENT_RETENTION_DAYS = env_int("LINEAGE_EVENT_RETENTION_DAYS", 30)
+if LINEAGE_EVENT_RETENTION_DAYS < 1:
+    raise ImproperlyConfigured(f"LINEAGE_EVENT_RETENTION_DAYS={LINEAGE_EVENT_RETENTION_DAYS} must be at least 1")
 BACKFILL_MAX_INTERVALS = env_int("BACKFILL_MAX_INTERVALS", 30000)
 # Requests with more intervals than this also need an admin's approval.
 BACKFILL_ADMIN_APPROVAL_OVER = env_int("BACKFILL_ADMIN_APPROVAL_OVER", 400)

@@ -11,6 +11,10 @@ purged through `Warehouse.purge` unless it is:
 
 Each purge sets Version.purged_at and writes an audit row. Safe to run twice: the
 warehouse step deletes nothing the second time and the mirror is a conditional update.
+
+OpenLineage events (`LineageEvent`) delivered more than LINEAGE_EVENT_RETENTION_DAYS
+ago are deleted too (`lineage_events_purge_expired`), each batch with its audit row;
+an event not yet delivered is never deleted, nor any event of a run still in flight.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from backfill_portal.backends import PurgeRefused, get_warehouse
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.catalog.specs import spec_for
 from backfill_portal.core.services.audit import audit_record
+from backfill_portal.execution.lineage_out.outbox import lineage_events_purge_delivered
 from backfill_portal.execution.transitions import RUN_ACTIVE
 from backfill_portal.recovery.rollback import previous_verified
 from backfill_portal.warehouse.models import Consumption, Publication, Version
@@ -98,3 +103,15 @@ def versions_purge_expired(*, actor=None, now=None, days: int | None = None) -> 
     if purged:
         logger.info("retention purged %d version(s), %d row(s); kept %d", purged, rows, kept)
     return {"purged": purged, "rows": rows, "kept": kept, "cutoff": cutoff.isoformat()}
+
+
+def lineage_events_purge_expired(*, actor=None, now=None, days: int | None = None) -> dict:
+    """Delete the OpenLineage events delivered more than `days` ago
+    (settings.LINEAGE_EVENT_RETENTION_DAYS). Returns counts."""
+    days = settings.LINEAGE_EVENT_RETENTION_DAYS if days is None else days
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    purged = lineage_events_purge_delivered(sent_before=cutoff, keep_runs_in=RUN_ACTIVE, actor=actor,
+                                            reason=f"delivered before the {days}-day retention window")
+    if purged:
+        logger.info("retention purged %d delivered lineage event(s)", purged)
+    return {"purged": purged, "cutoff": cutoff.isoformat()}

@@ -14,7 +14,10 @@ def reconcile_request(request_id: int) -> str:
 @shared_task(name="execution.purge_versions")
 def purge_versions() -> dict:
     """Retention: purge versions older than VERSION_RETENTION_DAYS (never the current,
-    the previous verified one, or anything a rollback or a running job needs)."""
-    from backfill_portal.recovery.retention import versions_purge_expired
+    the previous verified one, or anything a rollback or a running job needs), and the
+    OpenLineage events delivered more than LINEAGE_EVENT_RETENTION_DAYS ago."""
+    from backfill_portal.recovery.retention import lineage_events_purge_expired, versions_purge_expired
 
-    return versions_purge_expired(actor=None)
+    counts = versions_purge_expired(actor=None)
+    counts["lineage_events_purged"] = lineage_events_purge_expired(actor=None)["purged"]
+    return counts
