@@ -35,10 +35,11 @@ run: demo
 	$(PY) manage.py run_portal
 
 # The layers contracts (.importlinter, docs/architecture.md) first: a wrong import fails
-# the build before any test runs.
+# the build before any test runs. --durations: the 25 slowest tests close the log, so a
+# CI run shows where its time goes.
 test: install
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --durations=25 $(PYTEST_ARGS)
 
 # Schemathesis against a live server, as CI runs it (DATABASE_URL etc. pick the backend;
 # on PostgreSQL the named databases are dropped and created anew).

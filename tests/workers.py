@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,9 +36,34 @@ def worker_env(warehouse_url: str, **extra) -> dict:
 
 
 def purge(env: dict) -> None:
-    """Drop what an earlier test left in the broker's queues."""
-    subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q", QUEUES],
-                   cwd=ROOT, env=env, capture_output=True, timeout=60)
+    """Drop what an earlier test left in the broker's queues, from this process (what
+    `celery purge -f -Q ...` does, without starting a Celery process: ~5 s on the
+    loaded CI machine, for each worker a test starts)."""
+    from kombu import Connection
+
+    with Connection(env["CELERY_BROKER_URL"], connect_timeout=10) as conn:
+        channel = conn.default_channel
+        for queue in QUEUES.split(","):
+            channel.queue_purge(queue)
+
+
+def wait_until_ready(proc: subprocess.Popen, node: str, broker_url: str, *, timeout: float) -> None:
+    """Until the worker `node` answers a ping through its broker (it consumes from its
+    queues then), at most `timeout` seconds; fail with its log if it ended instead."""
+    from kombu import Connection
+
+    from backfill_portal.celery import app
+
+    deadline = time.time() + timeout
+    with Connection(broker_url, connect_timeout=10) as conn:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"worker {node} exited with {proc.returncode}: "
+                                     f"{Path(proc.log_path).read_text()[-3000:]}")
+            if app.control.ping(destination=[node], timeout=0.5, connection=conn):
+                return
+    raise AssertionError(f"worker {node} did not answer a ping within {timeout}s: "
+                         f"{Path(proc.log_path).read_text()[-3000:]}")
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -69,8 +95,9 @@ def start_worker(warehouse_url, catalog, tmp_path):
       either way the periodic scheduler sends the sweeper through the broker;
     - `quiet`: Celery's -q (no banner); `args`: more worker arguments;
     - `log`: the file its output goes to (default var/<name>-<pid>.log), as `proc.log_path`;
-    - `settle`: seconds to wait after starting it (the tests that time nothing but their
-      own polling pass 0);
+    - `settle`: how long to wait, at most, for it to answer a ping (ready to take tasks)
+      before returning it (the tests that time nothing but their own polling pass 0:
+      no wait);
     - any other keyword is a setting in its environment (SWEEP_SECONDS=1, ...)."""
     if connection.vendor != "postgresql":
         pytest.skip("a worker process needs a database it can share: PostgreSQL (DATABASE_URL)")
@@ -78,7 +105,7 @@ def start_worker(warehouse_url, catalog, tmp_path):
     default_url = warehouse_url
 
     def start(*, name: str, warehouse_url: str = default_url, queues: str | None = QUEUES, beat: str | None = None,
-              quiet: bool = False, args: tuple[str, ...] = (), log: Path | None = None, settle: float = 4.0,
+              quiet: bool = False, args: tuple[str, ...] = (), log: Path | None = None, settle: float = 60.0,
               **env_extra) -> subprocess.Popen:
         env = worker_env(warehouse_url, **env_extra)
         purge(env)
@@ -95,15 +122,17 @@ def start_worker(warehouse_url, catalog, tmp_path):
             command += ["-B", "-s", str(tmp_path / "celerybeat-schedule")]
         if queues:
             command += ["-Q", queues]
+        node = f"{name}{os.getpid()}@{socket.gethostname()}"
         command += ["--concurrency", "2", "--prefetch-multiplier", "1", "--without-mingle", "--without-gossip",
-                    "-n", f"{name}{os.getpid()}@%h", *args]
+                    "-n", node, *args]
         log_path = log or Path(settings.VAR_DIR) / f"{name}-{os.getpid()}.log"
         log_file = open(log_path, "w")
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         proc.log, proc.log_path = log_file, log_path
         started.append(proc)
-        time.sleep(settle)
+        if settle:
+            wait_until_ready(proc, node, env["CELERY_BROKER_URL"], timeout=settle)
         return proc
 
     yield start

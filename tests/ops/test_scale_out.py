@@ -41,6 +41,7 @@ from backfill_portal.warehouse.models import Publication
 from tests.conftest import TEST_CATALOG
 from tests.execution.test_pipeline import approved_request
 from tests.ops.jobs import ROWS
+from tests.workers import purge, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER = os.environ.get("CELERY_BROKER_URL", "")
@@ -144,11 +145,16 @@ class Hosts:
 
     def start_worker(self, name: str, env: dict, log_dir: Path) -> None:
         log = open(log_dir / f"{name}.log", "w")
-        self.workers[name] = subprocess.Popen(
+        self.workers[name] = proc = subprocess.Popen(
             ["ip", "netns", "exec", name, sys.executable, "-m", "celery", "-A", "backfill_portal", "worker",
              "-Q", "production,backfill", "--concurrency", "1", "--prefetch-multiplier", "1", "--without-mingle",
              "--without-gossip", "--without-heartbeat", "-n", f"{name}@scaleout"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc.log_path = log_dir / f"{name}.log"
+
+    def ready(self, name: str) -> None:
+        """Until the host's worker answers a ping (through this process's way to the broker)."""
+        wait_until_ready(self.workers[name], f"{name}@scaleout", BROKER, timeout=60)
 
     def cut(self, name: str) -> None:
         ip("link", "set", self.links[name], "down")
@@ -195,8 +201,7 @@ def hosts(warehouse_url, personas, tmp_path):
                    "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{net.gateway}:{pg}/{db['NAME']}",
                    "WAREHOUSE_URL": f"postgresql://postgres@{net.gateway}:{pg}/{warehouse_db}",
                    "CELERY_BROKER_URL": f"redis://{net.gateway}:{redis}/{redis_db}", "LOG_LEVEL": "WARNING"}
-        subprocess.run([sys.executable, "-m", "celery", "-A", "backfill_portal", "purge", "-f", "-Q",
-                        "production,backfill"], cwd=ROOT, env={**os.environ}, capture_output=True, timeout=60)
+        purge({"CELERY_BROKER_URL": BROKER})
         net.log_dir = tmp_path
         yield net
     finally:
@@ -270,7 +275,8 @@ def test_three_worker_hosts_share_a_backfill_and_survive_one_host_cut_off(person
     # 2. Three hosts, the same request shape.
     hosts.start_worker(second, hosts.env, hosts.log_dir)
     hosts.start_worker(third, hosts.env, hosts.log_dir)
-    time.sleep(5)
+    hosts.ready(second)
+    hosts.ready(third)
     three = approved_request(personas, job="scale_items", start="2022-10-03T00:00Z", end="2022-10-04T11:00Z",
                              max_active_intervals=6)
     rate_three = run_to_the_end(three, timeout=240)
