@@ -18,7 +18,9 @@ import abc
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Callable
+from datetime import date, datetime
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 from backfill_portal.core.errors import ConflictError, Unavailable, ValidationError
@@ -94,6 +96,70 @@ class ColumnSpec:
                 f"column {self.name!r} has type {self.type!r}; expected one of {', '.join(COLUMN_TYPES)}",
                 field="column",
             )
+
+
+    def parser(self) -> Callable[[Any], Any]:
+        """Python value -> this column's canonical Python value (str, int, int/float/Decimal,
+        datetime, date, bool; None stays None), refusing what is not of its type with a
+        TypeError or ValueError. Every backend stores what this returns, in its own
+        representation, so the same data staged on any backend is the same data."""
+        return _PARSERS[self.type]
+
+
+def _text(v):
+    return v if v is None or isinstance(v, str) else str(v)
+
+
+def _integer(v):
+    if v is None or type(v) is int:
+        return v
+    if isinstance(v, str):
+        return int(v)
+    if isinstance(v, (bool, int)) or (isinstance(v, (float, Decimal)) and v == int(v)):
+        return int(v)
+    raise TypeError("not an integer")
+
+
+def _numeric(v):
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = Decimal(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float, Decimal)):
+        raise TypeError("not a number")
+    return v
+
+
+def _timestamp(v):
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = datetime.fromisoformat(v)
+    if not isinstance(v, datetime):
+        raise TypeError("not a datetime")
+    return v
+
+
+def _day(v):
+    if v is None:
+        return None
+    if isinstance(v, str):
+        v = date.fromisoformat(v)
+    if isinstance(v, datetime) or not isinstance(v, date):
+        raise TypeError("not a date (a datetime is ambiguous: which timezone's day?)")
+    return v
+
+
+def _boolean(v):
+    if v is None:
+        return None
+    if not isinstance(v, (bool, int)) or v not in (0, 1):
+        raise TypeError("not a boolean")
+    return bool(v)
+
+
+_PARSERS = {"text": _text, "integer": _integer, "numeric": _numeric, "timestamp": _timestamp,
+            "date": _day, "boolean": _boolean}
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import date, datetime, timezone
-from decimal import Decimal
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlparse
@@ -111,56 +110,21 @@ def _logical_type(iceberg_type) -> str:
 
 
 def _converter(col: ColumnSpec):
-    def text(v):
-        return v if v is None or isinstance(v, str) else str(v)
-
-    def integer(v):
-        if v is None or type(v) is int:
-            return v
-        if isinstance(v, str):
-            return int(v)
-        if isinstance(v, (bool, int)) or (isinstance(v, (float, Decimal)) and v == int(v)):
-            return int(v)
-        raise TypeError("not an integer")
-
-    def numeric(v):
-        if v is None:
-            return None
-        if isinstance(v, str):
-            v = Decimal(v)
-        if isinstance(v, bool) or not isinstance(v, (int, float, Decimal)):
-            raise TypeError("not a number")
-        return float(v)
-
-    def timestamp(v):
-        if v is None:
-            return None
-        if isinstance(v, str):
-            v = datetime.fromisoformat(v)
-        if not isinstance(v, datetime):
-            raise TypeError("not a datetime")
-        if v.tzinfo is None or v.utcoffset() is None:
-            raise ValueError("a naive datetime is ambiguous: give it a timezone")
-        return v.astimezone(timezone.utc)
-
-    def day(v):
-        if v is None:
-            return None
-        if isinstance(v, str):
-            v = date.fromisoformat(v)
-        if isinstance(v, datetime) or not isinstance(v, date):
-            raise TypeError("not a date (a datetime is ambiguous: which timezone's day?)")
-        return v
-
-    def boolean(v):
-        if v is None:
-            return None
-        if not isinstance(v, (bool, int)) or v not in (0, 1):
-            raise TypeError("not a boolean")
-        return bool(v)
-
-    return {"text": text, "integer": integer, "numeric": numeric, "timestamp": timestamp, "date": day,
-            "boolean": boolean}[col.type]
+    """The column's canonical value (ColumnSpec.parser) as the Parquet column holds it:
+    numbers as doubles, instants as aware UTC datetimes."""
+    parse = col.parser()
+    if col.type == "numeric":
+        return lambda v: None if (v := parse(v)) is None else float(v)
+    if col.type == "timestamp":
+        def timestamp(v):
+            v = parse(v)
+            if v is None:
+                return None
+            if v.tzinfo is None or v.utcoffset() is None:
+                raise ValueError("a naive datetime is ambiguous: give it a timezone")
+            return v.astimezone(timezone.utc)
+        return timestamp
+    return parse
 
 
 def _row_text_sql(spec: DatasetSpec, alias: str = "") -> str:

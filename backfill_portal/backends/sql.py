@@ -54,7 +54,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import date, datetime, timezone
-from decimal import Decimal
 from typing import Any
 
 from backfill_portal.backends.base import (
@@ -1125,60 +1124,22 @@ class SqlWarehouse(WarehouseBackend):
             raise
 
     def _converter(self, col: ColumnSpec) -> Callable[[Any], Any]:
-        """Python value -> parameter for this engine. Normalising here (UTC text for
-        SQLite timestamps, ISO dates, 0/1 booleans) is what makes the same data stored
-        twice byte-identical, and so fingerprint-identical."""
-        native = self.NATIVE_VALUES
-        ts = self.ts
+        """Python value -> parameter for this engine: the column's canonical value
+        (ColumnSpec.parser), then this engine's representation of it. Normalising here
+        (UTC text for SQLite timestamps, ISO dates, 0/1 booleans) is what makes the same
+        data stored twice byte-identical, and so fingerprint-identical."""
+        parse = col.parser()
+        if col.type == "timestamp":
+            represent = self.ts  # refuses naive datetimes
+        elif self.NATIVE_VALUES or col.type in ("text", "integer"):
+            return parse
+        else:
+            represent = {"numeric": float, "date": date.isoformat, "boolean": int}[col.type]
 
-        def text(v):
-            return v if v is None or isinstance(v, str) else str(v)
-
-        def integer(v):
-            if v is None or type(v) is int:
-                return v
-            if isinstance(v, str):
-                return int(v)
-            if isinstance(v, (bool, int)) or (isinstance(v, (float, Decimal)) and v == int(v)):
-                return int(v)
-            raise TypeError("not an integer")
-
-        def numeric(v):
-            if v is None:
-                return None
-            if isinstance(v, str):
-                v = Decimal(v)
-            if isinstance(v, bool) or not isinstance(v, (int, float, Decimal)):
-                raise TypeError("not a number")
-            return v if native else float(v)
-
-        def timestamp(v):
-            if v is None:
-                return None
-            if isinstance(v, str):
-                v = datetime.fromisoformat(v)
-            if not isinstance(v, datetime):
-                raise TypeError("not a datetime")
-            return ts(v)  # refuses naive datetimes
-
-        def day(v):
-            if v is None:
-                return None
-            if isinstance(v, str):
-                v = date.fromisoformat(v)
-            if isinstance(v, datetime) or not isinstance(v, date):
-                raise TypeError("not a date (a datetime is ambiguous: which timezone's day?)")
-            return v if native else v.isoformat()
-
-        def boolean(v):
-            if v is None:
-                return None
-            if not isinstance(v, (bool, int)) or v not in (0, 1):
-                raise TypeError("not a boolean")
-            return bool(v) if native else int(v)
-
-        return {"text": text, "integer": integer, "numeric": numeric, "timestamp": timestamp,
-                "date": day, "boolean": boolean}[col.type]
+        def convert(v):
+            v = parse(v)
+            return None if v is None else represent(v)
+        return convert
 
     # -- fingerprint ----------------------------------------------------------------------
 
