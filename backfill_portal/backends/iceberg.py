@@ -71,6 +71,9 @@ DUCK_TYPES = {"text": "VARCHAR", "integer": "BIGINT", "numeric": "DOUBLE", "time
               "date": "DATE", "boolean": "BOOLEAN"}
 BOOKKEEPING_TYPES = {"_run_id": "text", "_partition": "text", "_attempt": "integer"}
 CHUNK = 500
+# Snapshots a table keeps after each publishing commit (the newest; see
+# _expire_old_snapshots): enough for time travel over the last publishes.
+RETAINED_SNAPSHOTS = 20
 
 
 def _quote(name: str) -> str:
@@ -104,6 +107,32 @@ def _logical_type(iceberg_type) -> str:
         if isinstance(iceberg_type, cls):
             return logical
     return str(iceberg_type)
+
+
+def _live_overwrite(table, txn, summary: dict[str, str]):
+    """The overwrite of one publishing commit, whose manifest list holds only manifests
+    with live files (and this snapshot's own record of what it deleted).
+
+    pyiceberg 0.12's overwrite carries every earlier snapshot's manifests forward,
+    including the ones that only record deleted files: a reader planned over one more
+    manifest per publish (benchmarks/reader_cost_iceberg.py: 1.94 over a plain table).
+    Iceberg's own writers drop a manifest once none of its entries is live; this does
+    the same in the producer's post-processing hook. There is no rewrite_manifests in
+    pyiceberg 0.12, hence the subclass of its overwrite (pinned: pyproject.toml)."""
+    from pyiceberg.manifest import ManifestContent
+    from pyiceberg.table.snapshots import Operation
+    from pyiceberg.table.update.snapshot import _OverwriteFiles
+
+    class LiveOverwrite(_OverwriteFiles):
+        def _process_manifests(self, manifests):
+            return [m for m in manifests
+                    if m.content != ManifestContent.DATA or m.added_snapshot_id == self._snapshot_id
+                    or m.has_added_files() or m.has_existing_files()]
+
+    branch = "main"
+    return LiveOverwrite(
+        operation=Operation.OVERWRITE if txn.table_metadata.snapshot_by_name(branch) is not None else Operation.APPEND,
+        transaction=txn, io=table.io, branch=branch, snapshot_properties=summary)
 
 
 # -- values: Python -> what the Parquet column holds ---------------------------------------
@@ -791,12 +820,15 @@ class IcebergWarehouse(WarehouseBackend):
             # them all): the marker's list, not a scan of the manifests. Were they not
             # live, the overwrite's own check of its deletes would refuse the commit.
             current_rows = self._marker_rows([c for c in previous.values() if c is not None])
-            published_at = _now()
+            # To the microsecond: the history is ordered by it (a row recovered from its
+            # snapshot is written after later ones), and it is taken after the reload
+            # that saw every earlier commit to the table.
+            published_at = datetime.now(timezone.utc)
             summary = {"bf.action": action, "bf.actor": actor, "bf.published-at": published_at.isoformat(),
                        "bf.moves": json.dumps([[p, r, e] for p, r, e, _ in moves])}
             try:
                 txn = table.transaction()
-                with txn.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
+                with _live_overwrite(table, txn, summary) as overwrite:
                     for partition, _, _, row in moves:
                         if previous[partition] is not None:
                             for old in self._data_files(table, current_rows[previous[partition]]):
@@ -817,7 +849,35 @@ class IcebergWarehouse(WarehouseBackend):
                     raise WarehouseUnavailable(f"Iceberg catalog: {exc}") from exc
                 time.sleep(0.02)
                 continue
-            return self._record(committed, snapshot_id)
+            records = self._record(committed, snapshot_id)
+            self._expire_old_snapshots(committed)
+            return records
+
+    def _expire_old_snapshots(self, table) -> None:
+        """After a publishing commit and its history rows: every snapshot but the newest
+        RETAINED_SNAPSHOTS is expired, so the table's metadata (what every reader loads)
+        stops growing with publishes. History first: a snapshot whose row its committer
+        did not live to write is recorded before it can go. Only snapshots go, never a
+        file: a version's files are listed by its marker, which rollback and pinning read,
+        and only `purge` deletes them. A commit lost to a concurrent one is left to the
+        next publish."""
+        from pyiceberg.exceptions import CommitFailedException
+        from sqlalchemy.exc import OperationalError
+
+        snapshots = sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
+        if len(snapshots) <= RETAINED_SNAPSHOTS:
+            return
+        self._sync_history(table)
+        current = table.current_snapshot()
+        doomed = [s.snapshot_id for s in snapshots[:-RETAINED_SNAPSHOTS]
+                  if current is None or s.snapshot_id != current.snapshot_id]
+        try:
+            table.maintenance.expire_snapshots().by_ids(doomed).commit()
+        except CommitFailedException:
+            pass
+        except OperationalError as exc:  # SQLite: another commit holds the catalog's write lock
+            if "locked" not in str(exc):
+                raise WarehouseUnavailable(f"Iceberg catalog: {exc}") from exc
 
     def _record(self, table, snapshot_id: int) -> list[PublicationRecord]:
         """The history rows of one publishing snapshot, one per partition it moved
@@ -907,10 +967,13 @@ class IcebergWarehouse(WarehouseBackend):
         self._sync_history(table)
         rows = self._sql(
             """SELECT id, dataset, "partition", run_id, previous_run_id, action, actor, published_at
-               FROM bf_ice_publications WHERE dataset = :d AND "partition" = :p ORDER BY id DESC""",
+               FROM bf_ice_publications WHERE dataset = :d AND "partition" = :p""",
             {"d": name, "p": partition})
-        return [PublicationRecord(id=r[0], dataset=r[1], partition=r[2], run_id=r[3], previous_run_id=r[4],
-                                  action=r[5], actor=r[6], published_at=datetime.fromisoformat(r[7])) for r in rows]
+        records = [PublicationRecord(id=r[0], dataset=r[1], partition=r[2], run_id=r[3], previous_run_id=r[4],
+                                     action=r[5], actor=r[6], published_at=datetime.fromisoformat(r[7])) for r in rows]
+        # Newest first by the commit's time, not the row's id: a row recovered from its
+        # snapshot by _sync_history is written after rows of later publishes.
+        return sorted(records, key=lambda r: (r.published_at, r.id), reverse=True)
 
     # -- retention --------------------------------------------------------------------
 

@@ -121,6 +121,46 @@ def test_purge_keeps_every_file_a_retained_version_or_snapshot_needs(wh):
     assert {r["_run_id"] for r in read_back(wh)} == {"run-b"}
 
 
+def live_manifests(wh) -> int:
+    """The manifests a reader of the table plans over (its current snapshot's list)."""
+    table = wh.catalog.load_table(f"{wh.namespace}.orders")
+    return len(table.current_snapshot().manifests(table.io))
+
+
+def test_readers_plan_over_as_many_manifests_after_25_publishes_as_after_2_and_old_snapshots_expire(wh):
+    from backfill_portal.backends.iceberg import RETAINED_SNAPSHOTS
+
+    stage(wh, "run-other-day", order_rows(10), partition=NEXT_DAY)
+    publish(wh, "run-other-day", None, partition=NEXT_DAY)
+    previous = None
+    for i in range(25):
+        stage(wh, f"run-{i}", order_rows(10, seed=i))
+        publish(wh, f"run-{i}", previous, actor=f"user-{i}")
+        previous = f"run-{i}"
+        if i == 1:
+            after_two = live_manifests(wh)
+        if i == 3:  # this publisher dies between its Iceberg commit and its history row
+            with wh.engine.begin() as conn:
+                conn.execute(sqlalchemy.text("DELETE FROM bf_ice_publications WHERE run_id = 'run-3'"))
+
+    assert live_manifests(wh) == after_two <= 4
+    table = wh.catalog.load_table(f"{wh.namespace}.orders")
+    assert len(table.snapshots()) == RETAINED_SNAPSHOTS
+    for snapshot in table.snapshots():  # every snapshot still offered is readable
+        for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
+            assert Path(task.file.file_path.removeprefix("file://")).exists()
+    # The history outlives the snapshots, the row the dead publisher missed included.
+    history = make_warehouse(wh.url).history("orders", DAY)
+    assert [(r.run_id, r.actor) for r in history] == [(f"run-{i}", f"user-{i}") for i in reversed(range(25))]
+    # Rolling back to the first version, whose snapshot is long expired, finds its files.
+    wh.rollback(name="orders", partition=DAY, to_run_id="run-0", expected_run_id="run-24", actor="oncall")
+    seen = read_back(wh)
+    assert {r["_run_id"] for r in seen} == {"run-0"}
+    assert stage(wh, "read-back", as_rows(seen)).fingerprint == wh.marker("run-0").fingerprint
+    assert {r["_run_id"] for r in read_back(wh, NEXT_DAY)} == {"run-other-day"}
+    assert live_manifests(wh) == after_two
+
+
 def test_the_orphan_sweep_leaves_a_live_writer_alone(wh):
     wh.ensure_dataset(ORDERS)
     halfway = threading.Event()
