@@ -28,36 +28,39 @@ marker, publish, query). The plain twin is built with a SQL backend's plain stat
 (`execute`), as backfill_overhead.py builds its direct table. Runs against a scratch
 warehouse: a PostgreSQL database beside WAREHOUSE_URL's when that names PostgreSQL
 (`WAREHOUSE_URL=postgresql://... python benchmarks/reader_cost.py`), else a temporary
-SQLite file. No metadata database is needed.
+SQLite file. No metadata database is needed. When WAREHOUSE_URL names an Iceberg catalog
+(`iceberg+sqlite:///x` or `iceberg+postgresql://...`), the same dataset is built on the
+Iceberg backend in a scratch catalog of that kind and read as any Iceberg reader reads
+it (reader_cost_iceberg.py). The dataset and its rows are benchmarks/_setup.py's
+(`reader_spec`, `reader_rows_sql`), shared by both.
 """
 from __future__ import annotations
 
 import os
+import runpy
 import statistics
+import sys
 import time
-from datetime import date, datetime, timedelta, timezone
+from datetime import timedelta
+from pathlib import Path
 
-from _setup import scratch_warehouse
+from _setup import READER_DAYS as DAYS
+from _setup import READER_PARTITIONS as PARTITIONS
+from _setup import READER_PLAIN as PLAIN
+from _setup import READER_REPEAT as REPEAT
+from _setup import READER_ROWS as ROWS
+from _setup import READER_VERSIONS as VERSIONS
+from _setup import reader_day_start as day_start
+from _setup import reader_rows_params, reader_rows_sql, reader_spec, scratch_warehouse
 
-from backfill_portal.backends import DatasetSpec, make_warehouse
+if os.environ.get("WAREHOUSE_URL", "").startswith("iceberg+"):
+    # The same dataset on the Iceberg backend, read the way Iceberg readers read it.
+    runpy.run_path(str(Path(__file__).with_name("reader_cost_iceberg.py")), run_name="__main__")
+    sys.exit(0)
 
-PARTITIONS = int(os.environ.get("PARTITIONS", "30"))
-ROWS = int(os.environ.get("ROWS_PER_PARTITION", "10000"))
-REPEAT = int(os.environ.get("REPEAT", "15"))
-VERSIONS = 3
-FIRST_DAY = date(2022, 10, 1)
-DAYS = [FIRST_DAY + timedelta(days=i) for i in range(PARTITIONS)]
+from backfill_portal.backends import make_warehouse  # noqa: E402
 
-SPEC = DatasetSpec(
-    name="orders_read",
-    columns=(("order_id", "text"), ("customer_id", "text"), ("ds", "text"), ("ship_date", "date"),
-             ("created_at", "timestamp"), ("status", "text"), ("amount", "numeric")),
-    business_key=("order_id",),
-    core_measure="amount",
-    partition_column="ds",
-    indexes=(("order_id",), ("created_at",), ("ship_date",)),
-)
-PLAIN = "orders_plain"
+SPEC = reader_spec()
 COLUMNS = ", ".join(f'"{name}"' for name in SPEC.column_names)
 
 url, label = scratch_warehouse("reader_cost")
@@ -66,50 +69,20 @@ warehouse.ensure_meta()
 warehouse.ensure_dataset(SPEC)
 
 
-def rows_sql(dialect: str) -> str:
-    """ROWS orders of one day, a version number shifting their amounts; parameters:
-    day (text), version (number). ship_date falls 0-6 days after the order."""
-    if dialect == "postgresql":
-        return f"""
-            SELECT CAST(? AS TEXT) || '-' || g AS order_id,
-                   'c' || ((CAST(g AS BIGINT) * 7919) % 50000) AS customer_id,
-                   CAST(? AS TEXT) AS ds,
-                   CAST(? AS DATE) + (g % 7) AS ship_date,
-                   CAST(? AS TIMESTAMPTZ) + g * (INTERVAL '1 second' * {86400 / ROWS:.6f}) AS created_at,
-                   (ARRAY['created', 'paid', 'shipped', 'refunded'])[1 + g % 4] AS status,
-                   ROUND(CAST((g % 1000) / 10.0 + ? AS NUMERIC), 2) AS amount
-            FROM generate_series(1, {ROWS}) AS g"""
-    return f"""
-        WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < {ROWS})
-        SELECT CAST(? AS TEXT) || '-' || i AS order_id,
-               'c' || ((i * 7919) % 50000) AS customer_id,
-               CAST(? AS TEXT) AS ds,
-               date(?, '+' || (i % 7) || ' days') AS ship_date,
-               strftime('%Y-%m-%d %H:%M:%S', ?, '+' || (i * 86400 / {ROWS}) || ' seconds') AS created_at,
-               CASE i % 4 WHEN 0 THEN 'created' WHEN 1 THEN 'paid' WHEN 2 THEN 'shipped' ELSE 'refunded' END AS status,
-               ROUND((i % 1000) / 10.0 + ?, 2) AS amount
-        FROM g"""
-
-
-def day_start(day: date) -> datetime:
-    return datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
-
-
-def date_param(day: date):
+def date_param(day):
     """A date as this engine's parameter: SQLite keeps dates as ISO text."""
     return day if warehouse.dialect == "postgresql" else day.isoformat()
 
 
 def build() -> None:
     """Three versions per partition, each published over the one before."""
-    select = rows_sql(warehouse.dialect)
+    select = reader_rows_sql(warehouse.dialect)
     for version in range(1, VERSIONS + 1):
         for day in DAYS:
             key = day.isoformat()
             run_id = f"read-{key}-v{version}"
-            start = key if warehouse.dialect == "postgresql" else warehouse.ts(day_start(day))
             warehouse.stage_select(spec=SPEC, run_id=run_id, attempt_no=1, partition=key, select_sql=select,
-                                   params=(key, key, key, start, version / 100))
+                                   params=reader_rows_params(warehouse, day, version))
             expected = f"read-{key}-v{version - 1}" if version > 1 else None
             warehouse.publish(spec_or_name=SPEC, partition=key, run_id=run_id, expected_run_id=expected,
                               actor="benchmark")

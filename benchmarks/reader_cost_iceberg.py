@@ -3,16 +3,17 @@ the way any pyiceberg reader reads (scan with a row filter, planned from the cur
 snapshot, into Arrow, answered by DuckDB), on a dataset the Iceberg backend published and
 on a plain Iceberg table holding exactly its rows, alternated in one run.
 
-The dataset `orders_read` (PARTITIONS daily partitions of ROWS_PER_PARTITION orders,
-partition column `ds`) has 3 retained versions per partition, what two backfills leave
-behind for rollback: every partition is staged (stage_select, in DuckDB), verified by
-its marker and published three times through the backend interface, the third version
-current. The plain table `orders_plain`, partitioned alike, is appended partition by
-partition with pyiceberg from what the dataset shows readers. Shapes as in
+The dataset is reader_cost.py's (benchmarks/_setup.py: `reader_spec`, the same rows by
+`reader_rows_sql`, here in DuckDB): PARTITIONS daily partitions of ROWS_PER_PARTITION
+orders, partition column `ds`, 3 retained versions per partition, what two backfills
+leave behind for rollback: every partition is staged (stage_select, in DuckDB), verified
+by its marker and published three times through the backend interface, the third
+version current. The plain table `orders_plain`, partitioned alike, is appended
+partition by partition with pyiceberg from what the dataset shows readers. Shapes as in
 reader_cost.py:
 
     aggregate      the whole dataset, grouped by status
-    time_day       one business day by a time column (created_at in [day, day + 1))
+    time_day       a day's worth by a time column (created_at in [day + 12 h, day + 36 h))
     business_key   one order by its business key
     business_date  ship_date = day
     partition      ds = day
@@ -20,71 +21,54 @@ reader_cost.py:
 Each shape runs REPEAT times on each side, the order swapped every time, a different day
 or order each time (the same for both sides); the figure per shape is the ratio of the
 medians, the worst printed last. Answers are checked equal first. Target: <= 1.1.
-Runs in a temporary directory (SQLite catalog); nothing else is needed.
+`python benchmarks/reader_cost.py` with WAREHOUSE_URL=iceberg+sqlite:///x (or
+iceberg+postgresql://...) runs this; alone, it uses a scratch SQLite catalog.
 """
 from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
-from datetime import date, datetime, timedelta, timezone
+from datetime import timedelta
 
-import _setup  # noqa: F401 - puts the project on sys.path
+import _setup
 import duckdb
+from _setup import READER_DAYS as DAYS
+from _setup import READER_PARTITIONS as PARTITIONS
+from _setup import READER_PLAIN as PLAIN
+from _setup import READER_REPEAT as REPEAT
+from _setup import READER_ROWS as ROWS
+from _setup import READER_VERSIONS as VERSIONS
+from _setup import reader_day_start as day_start
+from _setup import reader_rows_params, reader_rows_sql, reader_spec
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
 
-from backfill_portal.backends import DatasetSpec, make_warehouse
+from backfill_portal.backends import make_warehouse
 
-PARTITIONS = int(os.environ.get("PARTITIONS", "30"))
-ROWS = int(os.environ.get("ROWS_PER_PARTITION", "10000"))
-REPEAT = int(os.environ.get("REPEAT", "15"))
-VERSIONS = 3
-FIRST_DAY = date(2022, 10, 1)
-DAYS = [FIRST_DAY + timedelta(days=i) for i in range(PARTITIONS)]
-SPEC = DatasetSpec(
-    name="orders_read",
-    columns=(("order_id", "text"), ("customer_id", "text"), ("ds", "text"), ("ship_date", "date"),
-             ("created_at", "timestamp"), ("status", "text"), ("amount", "numeric")),
-    business_key=("order_id",),
-    core_measure="amount",
-    partition_column="ds",
-)
+SPEC = reader_spec()
 COLUMNS = SPEC.column_names
-PLAIN = "orders_plain"
 
-
-def rows_sql(day: date, version: int) -> str:
-    """One partition's rows (version changes the amounts, as a backfill would)."""
-    return f"""
-        SELECT 'o' || strftime(DATE '{day}', '%Y%m%d') || lpad(CAST(i AS VARCHAR), 6, '0') AS order_id,
-               'c' || CAST(i % 997 AS VARCHAR) AS customer_id, '{day}' AS ds,
-               DATE '{day}' + CAST(i % 5 AS INTEGER) AS ship_date,
-               TIMESTAMPTZ '{day} 00:00:00+00' + to_microseconds(CAST(i AS BIGINT) * 8640000000 // {ROWS})
-                 AS created_at,
-               ['new', 'paid', 'shipped', 'returned'][1 + i % 4] AS status,
-               CAST((i * 37 + {version}) % 10000 AS DOUBLE) / 100 AS amount
-        FROM range({ROWS}) AS t(i)"""
-
-
-tmp = tempfile.mkdtemp(prefix="bench_reader_iceberg_")
-warehouse = make_warehouse(f"iceberg+sqlite:///{tmp}/catalog.db?warehouse={tmp}/iceberg")
+if not os.environ.get("WAREHOUSE_URL", "").startswith("iceberg+"):
+    os.environ["WAREHOUSE_URL"] = "iceberg+sqlite:///catalog.db"
+url, label = _setup.scratch_warehouse("reader_cost_iceberg")
+warehouse = make_warehouse(url)
 warehouse.ensure_meta()
 t0 = time.perf_counter()
-for day in DAYS:
-    key, previous = day.isoformat(), None
-    for version in range(VERSIONS):
-        run_id = f"run-{key}-{version}"
-        warehouse.stage_select(spec=SPEC, run_id=run_id, attempt_no=1, partition=key, select_sql=rows_sql(day, version))
-        warehouse.publish(spec_or_name=SPEC, partition=key, run_id=run_id, expected_run_id=previous, actor="bench")
-        previous = run_id
+select = reader_rows_sql("duckdb")
+for version in range(1, VERSIONS + 1):
+    for day in DAYS:
+        key = day.isoformat()
+        run_id = f"read-{key}-v{version}"
+        warehouse.stage_select(spec=SPEC, run_id=run_id, attempt_no=1, partition=key, select_sql=select,
+                               params=reader_rows_params(warehouse, day, version))
+        expected = f"read-{key}-v{version - 1}" if version > 1 else None
+        warehouse.publish(spec_or_name=SPEC, partition=key, run_id=run_id, expected_run_id=expected, actor="bench")
 catalog = warehouse.catalog
 published = catalog.load_table(f"{warehouse.namespace}.{SPEC.name}")
 schema_columns = [f for f in published.schema().fields if f.name in COLUMNS]
-from pyiceberg.partitioning import PartitionField, PartitionSpec  # noqa: E402
-from pyiceberg.schema import Schema  # noqa: E402
-from pyiceberg.transforms import IdentityTransform  # noqa: E402
-
 plain_schema = Schema(*schema_columns)
 plain = catalog.create_table(
     f"{warehouse.namespace}.{PLAIN}", schema=plain_schema,
@@ -93,18 +77,25 @@ plain = catalog.create_table(
 for day in DAYS:
     part = published.scan(row_filter=EqualTo("ds", day.isoformat()), selected_fields=COLUMNS).to_arrow()
     plain.append(part.select(list(COLUMNS)).cast(plain.schema().as_arrow()))
-print(f"built {PARTITIONS} partitions x {ROWS} rows, {VERSIONS} versions each, in {time.perf_counter() - t0:.1f} s")
+print(f"{label}: {PARTITIONS} partitions x {ROWS} rows, {VERSIONS} versions each, built in "
+      f"{time.perf_counter() - t0:.1f} s")
+
+
+def instant(day, hours: int) -> str:
+    return (day_start(day) + timedelta(hours=hours)).isoformat()
+
 
 SHAPES = {
     "aggregate": (lambda i: None, "SELECT status, COUNT(*), SUM(amount) FROM t GROUP BY status ORDER BY status"),
-    "time_day": (lambda i: And(GreaterThanOrEqual("created_at", f"{DAYS[i % PARTITIONS]}T00:00:00+00:00"),
-                               LessThan("created_at", f"{DAYS[i % PARTITIONS] + timedelta(days=1)}T00:00:00+00:00")),
+    "time_day": (lambda i: And(GreaterThanOrEqual("created_at", instant(DAYS[i % PARTITIONS], 12)),
+                               LessThan("created_at", instant(DAYS[i % PARTITIONS], 36))),
                  "SELECT COUNT(*), SUM(amount) FROM t"),
-    "business_key": (lambda i: EqualTo("order_id", f"o{DAYS[i % PARTITIONS]:%Y%m%d}{(i * 7919) % ROWS:06d}"),
-                     "SELECT * FROM t"),
-    "business_date": (lambda i: EqualTo("ship_date", DAYS[i % PARTITIONS].isoformat()),
+    "business_key": (lambda i: EqualTo("order_id", f"{DAYS[(i * 7) % PARTITIONS]}-{1 + (i * 4099) % ROWS}"),
+                     "SELECT order_id, customer_id, status, amount FROM t"),
+    "business_date": (lambda i: EqualTo("ship_date", DAYS[(i * 11) % PARTITIONS].isoformat()),
                       "SELECT COUNT(*), SUM(amount) FROM t"),
-    "partition": (lambda i: EqualTo("ds", DAYS[i % PARTITIONS].isoformat()), "SELECT COUNT(*), SUM(amount) FROM t"),
+    "partition": (lambda i: EqualTo("ds", DAYS[(i * 13) % PARTITIONS].isoformat()),
+                  "SELECT COUNT(*), SUM(amount) FROM t"),
 }
 
 
@@ -139,5 +130,5 @@ for shape, (filter_of, answer) in SHAPES.items():
 worst = max(ratios, key=ratios.get)
 print(f"load average {os.getloadavg()[0]:.2f}")
 print(f"ratio: {ratios[worst]:.2f} (worst of {len(ratios)} query shapes, {worst}: published Iceberg dataset over a "
-      f"plain Iceberg table of the same rows, pyiceberg scan + DuckDB, {VERSIONS} versions per partition, "
+      f"plain Iceberg table of the same rows, {label}, pyiceberg scan + DuckDB, {VERSIONS} versions per partition, "
       f"medians of {REPEAT})")

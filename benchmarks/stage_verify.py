@@ -21,12 +21,20 @@ INSERT, the source's watermark, the rest), the median of ROUNDS rounds per side,
 Targets: ratio <= 1.25 on PostgreSQL, <= 1.3 on SQLite. Scale with ROWS (default
 1,000,000). PostgreSQL: DATABASE_URL and WAREHOUSE_URL name PostgreSQL; scratch
 databases are made beside both (benchmarks/_setup.py).
+
+Iceberg (WAREHOUSE_URL=iceberg+sqlite:///x or iceberg+postgresql://..., a scratch catalog
+of that kind): the source is a plain Iceberg table (DuckDB makes the rows, pyiceberg
+appends them); the portal stages in DuckDB over the source's files; the bare side runs
+the same SELECT in DuckDB into Arrow and appends it with pyiceberg to a plain Iceberg
+table emptied before each round (data file and commit: what writing a partition
+directly costs on a lakehouse). No per-statement breakdown there (no statement hook).
 """
 from __future__ import annotations
 
 import os
 import statistics
 import time
+import warnings
 from collections import deque
 from datetime import datetime, timedelta, timezone
 
@@ -37,8 +45,8 @@ ROUNDS = int(os.environ.get("ROUNDS", "3"))
 DAY = "2022-10-01"
 START = datetime(2022, 10, 1, tzinfo=timezone.utc)
 
-os.environ["WAREHOUSE_URL"], _ = scratch_warehouse("stage_verify")
-label = scratch_django("stage_verify")
+os.environ["WAREHOUSE_URL"], label = scratch_warehouse("stage_verify")
+scratch_django("stage_verify")
 
 from django.conf import settings  # noqa: E402
 from django.contrib.auth.models import User  # noqa: E402
@@ -63,6 +71,7 @@ settings.DEBUG = False  # as deployed: no per-query logging
 settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"  # approval mails kept, not printed
 warehouse = get_warehouse()
 pg = warehouse.dialect == "postgresql"
+iceberg = warehouse.dialect == "duckdb"  # the Iceberg backend: tables through pyiceberg
 
 CATALOG = """
 version: 1
@@ -111,9 +120,23 @@ jobs:
 """
 
 
+def iceberg_table(name: str, arrow_schema):
+    """A plain Iceberg table of the backend's namespace (pyiceberg), created empty."""
+    return warehouse.catalog.create_table(f"{warehouse.namespace}.{name}", schema=arrow_schema)
+
+
 def load_source() -> None:
-    """ROWS events spread over DAY (the i-th at i/ROWS of it), made by the warehouse itself."""
-    if pg:
+    """ROWS events spread over DAY (the i-th at i/ROWS of it), made by the warehouse itself
+    (on Iceberg: by DuckDB, appended to a plain Iceberg table with pyiceberg)."""
+    if iceberg:
+        events = warehouse.duck.sql(f"""
+            SELECT 'e' || g AS event_id, 'c' || ((CAST(g AS BIGINT) * 7919) % 50000) AS customer_id,
+                   ROUND((g % 1000) / 10.0, 2) AS amount,
+                   TIMESTAMPTZ '{DAY} 00:00:00+00' + to_microseconds(CAST(g AS BIGINT) * {86_400_000_000 // ROWS})
+                     AS event_time
+            FROM range({ROWS}) AS t(g)""").to_arrow_table()
+        iceberg_table("bench_events", events.schema).append(events)
+    elif pg:
         warehouse.execute('CREATE TABLE "bench_events" (event_id text, customer_id text, amount numeric, '
                           "event_time timestamptz)")
         warehouse.execute(f"""INSERT INTO "bench_events"
@@ -148,7 +171,11 @@ source = warehouse.source_sql(name="bench_events", time_column="event_time", sta
 bare_select = (job.current_code_version.definition["sql"]
                .replace("{{ ref('bench_events') }}", source).replace("{{ partition_key }}", f"'{DAY}'"))
 columns = ", ".join(f'"{name}"' for name in spec.column_names)
-warehouse.execute(f'CREATE TABLE "bare_daily" AS SELECT {columns} FROM "{spec.name}" WHERE 1 = 0')
+if iceberg:  # a plain Iceberg table of the declared columns
+    bare_table = iceberg_table("bare_daily", warehouse.duck.sql(
+        f"SELECT {columns} FROM ({bare_select}) AS q LIMIT 0").to_arrow_table().schema)
+else:
+    warehouse.execute(f'CREATE TABLE "bare_daily" AS SELECT {columns} FROM "{spec.name}" WHERE 1 = 0')
 
 
 def settle() -> None:
@@ -157,6 +184,8 @@ def settle() -> None:
 
 
 def bare() -> float:
+    if iceberg:
+        return bare_iceberg()
     warehouse.execute('TRUNCATE "bare_daily"' if pg else 'DELETE FROM "bare_daily"')
     settle()
     t0 = time.perf_counter()
@@ -164,6 +193,20 @@ def bare() -> float:
         inserted = warehouse.execute(f'INSERT INTO "bare_daily" ({columns}) SELECT {columns} FROM ({bare_select}) AS q')
     elapsed = time.perf_counter() - t0
     assert inserted == ROWS, inserted
+    return elapsed
+
+
+def bare_iceberg() -> float:
+    """The lakehouse's dangerous button: DuckDB runs the SELECT into Arrow, pyiceberg
+    appends it to the emptied plain table (data file and commit)."""
+    with warnings.catch_warnings():  # "did not match any records": the first round's table is empty
+        warnings.simplefilter("ignore", UserWarning)
+        bare_table.delete()
+    t0 = time.perf_counter()
+    rows = warehouse.duck.sql(f"SELECT {columns} FROM ({bare_select}) AS q").to_arrow_table()
+    bare_table.append(rows)
+    elapsed = time.perf_counter() - t0
+    assert rows.num_rows == ROWS, rows.num_rows
     return elapsed
 
 
@@ -201,8 +244,11 @@ def portal() -> float:
         task, args, headers = sent.popleft()
         task_sql[0] = 0.0
         t1 = time.perf_counter()
-        with warehouse.execute_wrapper(observed):
+        if iceberg:  # DuckDB and pyiceberg: no statement hook to observe
             app.tasks[task].apply(args=args, headers=headers, throw=True)
+        else:
+            with warehouse.execute_wrapper(observed):
+                app.tasks[task].apply(args=args, headers=headers, throw=True)
         took = time.perf_counter() - t1
         if task not in UNTIMED:
             elapsed += took
@@ -221,16 +267,19 @@ portal()
 spent.clear()
 statements.update(dict.fromkeys(statements, 0.0))
 bare_times, portal_times = [], []
+bare_name = "append with pyiceberg" if iceberg else "INSERT ... SELECT"
 for _ in range(ROUNDS):
     bare_times.append(bare())
     portal_times.append(portal())
 b, p = statistics.median(bare_times), statistics.median(portal_times)
 for task, (wall, sql) in sorted(spent.items(), key=lambda kv: -kv[1][0]):
-    print(f"  {task:32s} {wall / ROUNDS:6.2f}s a round, of which warehouse SQL {sql / ROUNDS:6.2f}s")
-print("  warehouse SQL a round: " + "; ".join(f"{kind} {took / ROUNDS:.2f}s" for kind, took in statements.items())
-      + " (other: the marker's numbers and fingerprint where they are separate statements, checks, pointer)")
-print(f"bare INSERT ... SELECT {b:.2f}s; portal (stage, numbers, fingerprint, checks, publish) {p:.2f}s "
+    print(f"  {task:32s} {wall / ROUNDS:6.2f}s a round"
+          + ("" if iceberg else f", of which warehouse SQL {sql / ROUNDS:6.2f}s"))
+if not iceberg:
+    print("  warehouse SQL a round: " + "; ".join(f"{kind} {took / ROUNDS:.2f}s" for kind, took in statements.items())
+          + " (other: the marker's numbers and fingerprint where they are separate statements, checks, pointer)")
+print(f"bare {bare_name} {b:.2f}s; portal (stage, numbers, fingerprint, checks, publish) {p:.2f}s "
       f"({ROUNDS} rounds, medians; each round's: bare {', '.join(f'{x:.2f}' for x in bare_times)}, "
       f"portal {', '.join(f'{x:.2f}' for x in portal_times)})")
-print(f"ratio: {p / b:.2f} (one {ROWS}-row interval through the portal / the bare INSERT ... SELECT "
+print(f"ratio: {p / b:.2f} (one {ROWS}-row interval through the portal / the bare {bare_name} "
       f"of the same rows, {label} warehouse)")

@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -468,6 +469,19 @@ class IcebergWarehouse(WarehouseBackend):
             raise
         return table, directory, lock
 
+    @contextmanager
+    def _writing(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, take_over: bool):
+        """One attempt's writing (`_begin`), as (table, directory): whatever it raises, the
+        files it wrote are discarded; the writer lock is released either way."""
+        table, directory, lock = self._begin(spec, run_id, attempt_no, partition, take_over)
+        try:
+            yield table, directory
+        except BaseException:
+            self._discard(directory)
+            raise
+        finally:
+            lock.close()
+
     def _take_lock(self, lock, *, wait: bool) -> None:
         deadline = time.monotonic() + (self.lock_timeout_seconds or 3600)
         while True:
@@ -495,8 +509,7 @@ class IcebergWarehouse(WarehouseBackend):
         sweep deletes)."""
         import pyarrow as pa
 
-        table, directory, lock = self._begin(spec, run_id, attempt_no, partition, take_over)
-        try:
+        with self._writing(spec, run_id, attempt_no, partition, take_over) as (table, directory):
             schema = self._arrow_schema(table)
             converters = [_converter(c) for c in spec.columns]
             written: list = []
@@ -519,11 +532,6 @@ class IcebergWarehouse(WarehouseBackend):
             flush()
             data = pa.Table.from_batches(written, schema=schema) if written else schema.empty_table()
             return self._commit_marker(spec, run_id, attempt_no, partition, directory, data, table)
-        except BaseException:
-            self._discard(directory)
-            raise
-        finally:
-            lock.close()
 
     @staticmethod
     def _convert_row(spec: DatasetSpec, converters, row: Sequence, partition: str) -> tuple:
@@ -582,8 +590,7 @@ class IcebergWarehouse(WarehouseBackend):
                      select_sql: str, params: Sequence = (), take_over: bool = False) -> Marker:
         """DuckDB runs the SELECT into Arrow; the rows are cast to the declared types,
         counted and fingerprinted there and written as one data file."""
-        table, directory, lock = self._begin(spec, run_id, attempt_no, partition, take_over)
-        try:
+        with self._writing(spec, run_id, attempt_no, partition, take_over) as (table, directory):
             schema = self._arrow_schema(table)
             present = set(self.columns_of(select_sql, params))
             missing = [c for c in spec.column_names if c not in present]
@@ -614,11 +621,6 @@ class IcebergWarehouse(WarehouseBackend):
             if data.num_rows:
                 self._write_file(directory / f"part-{attempt_no:03d}-00000.parquet", data)
             return self._commit_marker(spec, run_id, attempt_no, partition, directory, data, table)
-        except BaseException:
-            self._discard(directory)
-            raise
-        finally:
-            lock.close()
 
     def _commit_marker(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, directory: Path,
                        data, table) -> Marker:
