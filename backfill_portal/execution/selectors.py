@@ -58,9 +58,10 @@ def run_last_alive() -> Greatest:
 def runs_stuck(qs: QuerySet[Run], *, now: datetime | None = None) -> QuerySet[Run]:
     """Active runs with no sign of life for RUN_STUCK_AFTER_SECONDS: the sweeper
     re-sends a lost message and expires a dead attempt well within that, so a run still
-    silent after it needs a person."""
+    silent after it needs a person. Each carries `moved_at`, when it last showed life
+    (run_last_alive)."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.RUN_STUCK_AFTER_SECONDS)
-    return qs.filter(status__in=RUN_ACTIVE).alias(alive=run_last_alive()).filter(alive__lt=cutoff)
+    return qs.filter(status__in=RUN_ACTIVE).annotate(moved_at=run_last_alive()).filter(moved_at__lt=cutoff)
 
 
 def runs_failing(qs: QuerySet[Run]) -> QuerySet[Run]:
@@ -84,9 +85,21 @@ class RunFilters:
     until: datetime | None = None
 
 
+# What a row of a run table shows (web/templatetags/tables.py), and no more: a full run
+# with its request is ~40 columns, most of them datetimes, and building 150 of them took
+# longer than the page's SQL (docs/performance.md).
+RUN_ROW_FIELDS = ("run_id", "job__name", "job__dataset__name", "partition_key", "run_type", "status",
+                  "request_id", "created_at", "started_at", "finished_at", "error")
+
+
+def run_row_list() -> QuerySet[Run]:
+    """Runs with the columns a run table shows (RUN_ROW_FIELDS)."""
+    return Run.objects.select_related("job__dataset").only(*RUN_ROW_FIELDS)
+
+
 def run_rows(filters: RunFilters) -> QuerySet[Run]:
     """Runs matching the filters (created in [since, until)), with what the list shows."""
-    qs = Run.objects.select_related("job__dataset", "request")
+    qs = run_row_list()
     if filters.job:
         qs = qs.filter(job__name=filters.job)
     if filters.dataset:

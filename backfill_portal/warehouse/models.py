@@ -20,10 +20,18 @@ class Version(models.Model):
     committed_attempt = models.PositiveIntegerField()
     committed_at = models.DateTimeField()
     purged_at = models.DateTimeField(null=True, blank=True)
+    # When staged: the median row count of the (up to BASELINE_WINDOW) published
+    # partitions before this one, and row_count / that median once the window holds at
+    # least three of them (execution/anomalies.py). Set with the row, never changed.
+    baseline_rows = models.FloatField(null=True, blank=True)
+    row_ratio = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index(fields=["dataset", "partition_key", "id"])]
+        indexes = [models.Index(fields=["dataset", "partition_key", "id"]),
+                   # The home's anomalies: a range scan per dataset outside its row band.
+                   models.Index(fields=["dataset", "row_ratio"], name="version_row_ratio",
+                                condition=models.Q(row_ratio__isnull=False))]
 
     def __str__(self) -> str:
         return f"{self.dataset.name}/{self.partition_key}@{self.run.run_id}"

@@ -7,7 +7,14 @@ from types import SimpleNamespace
 
 from django.urls import reverse
 
-from backfill_portal.web.templatetags.tables import audit_rows, request_rows, url_filler
+from backfill_portal.web.templatetags.tables import (
+    audit_rows,
+    failing_rows,
+    request_rows,
+    run_list_rows,
+    stuck_rows,
+    url_filler,
+)
 
 AT = datetime(2024, 3, 5, 7, 8, 9, tzinfo=timezone.utc)
 
@@ -84,3 +91,53 @@ def test_audit_row_denied_empty_states_no_request_and_long_reason():
 def test_audit_row_one_sided_change_shows_the_empty_state():
     html = audit_rows([event(from_state="", to_state="draft")])
     assert '<td class="mono">∅ → draft</td>' in html
+
+
+def run(**overrides):
+    fields = dict(pk=9, run_id="r-20240305-abc", job=SimpleNamespace(name="dwd_order_items",
+                  dataset=SimpleNamespace(name="dwd_order_items_ds")), partition_key="2022-10-01",
+                  run_type="backfill", status="verification_failed", request_id=42, created_at=AT,
+                  started_at=AT, finished_at=AT.replace(second=21), error="the version has no rows", moved_at=AT)
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def test_run_list_row_links_state_took_and_error():
+    html = run_list_rows([run()], {9})
+    assert '<tr data-run="r-20240305-abc">' in html
+    assert f'<a href="{reverse("run-detail", args=["r-20240305-abc"])}">r-20240305-abc</a>' in html
+    assert f'<a href="{reverse("catalog-job", args=["dwd_order_items"])}">dwd_order_items</a>' in html
+    assert "→ dwd_order_items_ds</span>" in html
+    assert ('<span class="pill pill-verification_failed">verification failed</span> '
+            '<span class="pill pill-failed">stuck</span>') in html
+    assert f'<td><a href="{reverse("request-detail", args=[42])}">#42</a></td>' in html
+    assert '<time datetime="2024-03-05T07:08:09+00:00">2024-03-05 07:08:09</time>' in html
+    assert '<td class="nowrap">12 s</td>' in html
+    assert '<span class="error-text run-error">the version has no rows</span>' in html
+
+
+def test_run_list_row_scheduled_unfinished_not_stuck_and_long_error():
+    html = run_list_rows([run(request_id=None, finished_at=None, error="e" * 300)], "")
+    assert "pill-failed" not in html
+    assert "<td>—</td>" in html  # no request
+    assert '<td class="nowrap">—</td>' in html  # not finished: no duration
+    assert "e" * 199 + "…</span>" in html and "e" * 200 not in html
+
+
+def test_home_failing_and_stuck_rows():
+    html = failing_rows([run(error="")])
+    assert '<td class="mono"><a href="' in html
+    assert '<time datetime="2024-03-05T07:08:21+00:00">2024-03-05 07:08</time>' in html
+    assert '<td class="clip error-cell">—</td>' in html
+    html = stuck_rows([run(status="running")])
+    assert '<span class="pill pill-running">running</span>' in html
+    assert '<time datetime="2024-03-05T07:08:09+00:00">2024-03-05 07:08</time> (' in html and " ago)</td>" in html
+
+
+def test_run_rows_escape_every_value():
+    evil = "<script>x</script>"
+    item = run(run_id='a"b', partition_key=evil, run_type=evil, error=evil, status='s"',
+               job=SimpleNamespace(name=evil, dataset=SimpleNamespace(name=evil)))
+    for html in (run_list_rows([item], ()), failing_rows([item]), stuck_rows([item])):
+        assert "<script>" not in html and "&lt;script&gt;" in html
+        assert 'data-run="a"b"' not in html and 'pill-s"' not in html

@@ -4,19 +4,15 @@ from __future__ import annotations
 import statistics
 
 from backfill_portal.catalog.tolerances import BASELINE_WINDOW, DEFAULT_ROW_BAND
+from backfill_portal.execution.anomalies import trailing_row_counts
 from backfill_portal.execution.checks.registry import register_check
 from backfill_portal.execution.checks.base import CheckContext, VerificationCheck
-from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.models import Run
-from backfill_portal.warehouse.models import Version
 
 
 def trailing_baseline(run: Run, window: int = BASELINE_WINDOW) -> float | None:
     """Median row count of the trailing published partitions of this dataset."""
-    counts = list(
-        Version.objects.filter(dataset=run.job.dataset, run__status=S.PUBLISHED, partition_key__lt=run.partition_key)
-        .order_by("-partition_key").values_list("row_count", flat=True)[:window]
-    )
+    counts = trailing_row_counts(run.job.dataset_id, run.partition_key, window)
     return float(statistics.median(counts)) if counts else None
 
 

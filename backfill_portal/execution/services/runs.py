@@ -21,6 +21,7 @@ from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
 from backfill_portal.core.rows import insert_row
 from backfill_portal.core.services.audit import audit_record
+from backfill_portal.execution.anomalies import baseline_of, trailing_row_counts
 from backfill_portal.execution.choices import AttemptStatus as A
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
@@ -186,11 +187,15 @@ def _attempt_succeed(*, attempt: Attempt, run: Run, marker, claim_verification: 
         with transaction.atomic():
             attempt.run = run
             attempt_transition(attempt, to=A.SUCCEEDED, updates={"finished_at": timezone.now()})
-            # One INSERT that a second delivery leaves as it is (one version per run).
+            # One INSERT that a second delivery leaves as it is (one version per run),
+            # with the baseline it is staged against (execution/anomalies.py).
+            baseline, ratio = baseline_of(marker.row_count,
+                                          trailing_row_counts(run.job.dataset_id, run.partition_key))
             Version.objects.bulk_create([Version(
                 run=run, dataset=run.job.dataset, partition_key=run.partition_key, row_count=marker.row_count,
                 fingerprint=marker.fingerprint, committed_attempt=marker.attempt_no,
-                committed_at=marker.committed_at or timezone.now())], ignore_conflicts=True)
+                committed_at=marker.committed_at or timezone.now(), baseline_rows=baseline, row_ratio=ratio)],
+                ignore_conflicts=True)
             run_transition(run, to=S.STAGED, data={"row_count": marker.row_count, "fingerprint": marker.fingerprint},
                            updates={"enqueued_at": timezone.now()})
             if claim_verification:

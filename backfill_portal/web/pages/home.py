@@ -19,7 +19,7 @@ from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import keyset_page, query_without, render_page
 from backfill_portal.execution.anomalies import partition_anomalies
 from backfill_portal.web.forms.audit import AuditFilterForm
-from backfill_portal.execution.selectors import run_last_alive, run_list, runs_failing, runs_stuck
+from backfill_portal.execution.selectors import run_row_list, runs_failing, runs_stuck
 from backfill_portal.recovery.rollback import closure_entries
 from backfill_portal.warehouse.models import Contamination, Publication
 
@@ -57,16 +57,15 @@ def home(request):
     contaminated = _contaminated_now() if oncall or owned else []
     if oncall:
         ctx.update({
-            "failing": list(runs_failing(run_list()).order_by("-id")[:HOME_ATTENTION_ROWS]),
-            "stuck": list(runs_stuck(run_list()).annotate(moved_at=run_last_alive())
-                          .order_by("moved_at", "id")[:HOME_ATTENTION_ROWS]),
+            "failing": list(runs_failing(run_row_list()).order_by("-id")[:HOME_ATTENTION_ROWS]),
+            "stuck": list(runs_stuck(run_row_list()).order_by("moved_at", "id")[:HOME_ATTENTION_ROWS]),
             "stuck_minutes": settings.RUN_STUCK_AFTER_SECONDS // 60,
             "contaminated": contaminated[:HOME_ATTENTION_ROWS],
             "reconciling": list(request_rows().filter(status=RequestStatus.RECONCILING)
                                 .order_by("id")[:HOME_ATTENTION_ROWS]),
         })
     if owned:
-        failing = list(runs_failing(run_list().filter(job__dataset__in=owned)).order_by("-id")[:HOME_CLOSURE_SCAN])
+        failing = list(runs_failing(run_row_list().filter(job__dataset__in=owned)).order_by("-id")[:HOME_CLOSURE_SCAN])
         ctx["health"] = _dataset_health(owned, failing, contaminated)
     return render_page(request, "core/home.html", ctx)
 

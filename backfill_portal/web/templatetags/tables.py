@@ -1,4 +1,4 @@
-"""Rows of the long tables (backfill requests, audit events), rendered in Python.
+"""Rows of the long tables (backfill requests, audit events, runs), rendered in Python.
 
 In a Django template a row of these tables pays for a url tag, three date filters
 and the autoescaping of every cell, which for a page of 50 rows costs many times the
@@ -19,7 +19,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
+from django.utils.timesince import timesince
 
+from backfill_portal.web.templatetags.timing import duration
 from backfill_portal.web.templatetags.words import state_label
 
 register = template.Library()
@@ -87,4 +89,94 @@ def audit_rows(events: Iterable) -> SafeString:
             f'  <td>{escape(e.dataset)}</td>\n'
             f'  <td class="mono">{change}</td>\n'
             f'  <td class="clip" title="{escape(e.reason)}">{escape(reason)}</td>\n</tr>\n')
+    return mark_safe("".join(out))
+
+
+# --- Runs: the runs list and the on-call home --------------------------------------------
+
+
+class _RunCells:
+    """The cells every run table shares, with each URL reversed once per table."""
+
+    def __init__(self):
+        self.run_page = url_filler("run-detail")
+        self.request_page = url_filler("request-detail")
+
+    def run(self, r, *, nowrap: bool) -> str:
+        cls = "mono nowrap" if nowrap else "mono"
+        return f'<td class="{cls}"><a href="{escape(self.run_page(r.run_id))}">{escape(r.run_id)}</a></td>'
+
+    def request(self, r) -> str:
+        if not r.request_id:
+            return "<td>—</td>"
+        return f'<td><a href="{escape(self.request_page(r.request_id))}">#{int(r.request_id)}</a></td>'
+
+
+def _pill(status: str) -> str:
+    """partials/_status.html."""
+    return f'<span class="pill pill-{escape(status)}">{escape(state_label(status) or "—")}</span>'
+
+
+def _error(text: str, limit: int) -> str:
+    return text if len(text) <= limit else Truncator(text).chars(limit)
+
+
+@register.simple_tag
+def run_list_rows(rows: Iterable, stuck_ids=()) -> SafeString:
+    """Rows of a runs-list table (execution/partials/_run_rows.html has the header);
+    the runs whose pk is in `stuck_ids` are marked stuck."""
+    cells, job_page = _RunCells(), url_filler("catalog-job")
+    stuck_ids = stuck_ids or ()  # an unset template variable is ""
+    out = []
+    for r in rows:
+        stuck = ' <span class="pill pill-failed">stuck</span>' if r.pk in stuck_ids else ""
+        error = (f'<span class="error-text run-error">{escape(_error(r.error, 200))}</span>' if r.error else "—")
+        out.append(
+            f'<tr data-run="{escape(r.run_id)}">\n  {cells.run(r, nowrap=True)}\n'
+            f'  <td><a href="{escape(job_page(r.job.name))}">{escape(r.job.name)}</a>'
+            f'<span class="muted small"> → {escape(r.job.dataset.name)}</span></td>\n'
+            f'  <td class="mono nowrap">{escape(r.partition_key)}</td>\n'
+            f'  <td>{escape(r.run_type)}</td>\n'
+            f'  <td class="nowrap">{_pill(r.status)}{stuck}</td>\n'
+            f'  {cells.request(r)}\n'
+            f'  <td class="nowrap">{_time(r.created_at, "%Y-%m-%d %H:%M:%S")}</td>\n'
+            f'  <td class="nowrap">{escape(duration(r.started_at, r.finished_at))}</td>\n'
+            f'  <td>{error}</td>\n</tr>\n')
+    return mark_safe("".join(out))
+
+
+@register.filter
+def failing_rows(rows: Iterable) -> SafeString:
+    """Rows of the on-call home's failed-runs table (core/home.html has the header)."""
+    cells = _RunCells()
+    out = []
+    for r in rows:
+        finished = _time(r.finished_at, "%Y-%m-%d %H:%M") if r.finished_at else "—"
+        out.append(
+            f'<tr>\n  {cells.run(r, nowrap=False)}\n'
+            f'  <td>{escape(r.run_type)}</td>\n'
+            f'  <td>{escape(r.job.name)}</td>\n'
+            f'  <td class="mono nowrap">{escape(r.partition_key)}</td>\n'
+            f'  <td>{_pill(r.status)}</td>\n'
+            f'  <td class="nowrap">{finished}</td>\n'
+            f'  {cells.request(r)}\n'
+            f'  <td class="clip error-cell">{escape(_error(r.error, 140) or "—")}</td>\n</tr>\n')
+    return mark_safe("".join(out))
+
+
+@register.filter
+def stuck_rows(rows: Iterable) -> SafeString:
+    """Rows of the on-call home's stuck-runs table: each run's `moved_at` is when it
+    last showed life (execution.selectors.run_last_alive)."""
+    cells = _RunCells()
+    out = []
+    for r in rows:
+        out.append(
+            f'<tr>\n  {cells.run(r, nowrap=False)}\n'
+            f'  <td>{escape(r.run_type)}</td>\n'
+            f'  <td>{escape(r.job.name)}</td>\n'
+            f'  <td class="mono nowrap">{escape(r.partition_key)}</td>\n'
+            f'  <td>{_pill(r.status)}</td>\n'
+            f'  <td class="nowrap">{_time(r.moved_at, "%Y-%m-%d %H:%M")} ({escape(timesince(r.moved_at))} ago)</td>\n'
+            f'  {cells.request(r)}\n</tr>\n')
     return mark_safe("".join(out))
