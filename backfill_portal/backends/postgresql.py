@@ -53,6 +53,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
     SERIAL_PRIMARY_KEY = "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
     SHARE_LOCK = " FOR SHARE"
     NATIVE_VALUES = True
+    BOOKKEEPING_PER_ROW = False  # catalog defaults: `_add_bookkeeping`
 
     @classmethod
     def target_of(cls, url: str) -> str:
@@ -315,18 +316,32 @@ class PostgreSQLWarehouse(SqlWarehouse):
             self.execute(f"CREATE INDEX IF NOT EXISTS {_quote(_index_name(spec.name, columns))} "
                          f"ON {_quote(spec.name)} ({listed})")
 
-    def _create_version_table(self, spec: DatasetSpec, table: str, partition: str) -> None:
-        """The columns of the reader table, in its order, read from the catalog
-        (CREATE TABLE ... LIKE would hold a lock on the reader table until the staging
-        transaction ends, and a replacing publish needs that table alone), and the
-        CHECK that makes the ATTACH skip its scan (a LIST partition refuses NULL, so
-        the CHECK says NOT NULL too)."""
-        columns = []
-        for name, kind in self._columns_of(spec.name).items():
-            columns.append(f"{_quote(name)} {kind}" + (" NOT NULL" if name in ("_run_id", "_partition") else ""))
-        key = _quote(spec.partition_key_column)
-        columns.append(f'CONSTRAINT "_bf_partition" CHECK ({key} IS NOT NULL AND {key} = {_literal(partition)})')
+    def _create_version_table(self, spec: DatasetSpec, table: str) -> None:
+        """The data columns of the reader table, read from the catalog (CREATE TABLE
+        ... LIKE would hold a lock on the reader table until the staging transaction
+        ends, and a replacing publish needs that table alone). The bookkeeping columns
+        and the partition's CHECK come after the rows (`_add_bookkeeping`)."""
+        columns = [f"{_quote(name)} {kind}" for name, kind in self._columns_of(spec.name).items()
+                   if name not in BOOKKEEPING_COLUMNS]
         self.execute(f"CREATE TABLE {_quote(table)} ({', '.join(columns)})")
+
+    def _add_bookkeeping(self, spec: DatasetSpec, table: str, *, run_id: str, attempt_no: int,
+                         partition: str) -> None:
+        """`_run_id`, `_partition` and `_attempt` are the same in every row of a
+        version, so they are added after the rows as columns with a constant DEFAULT:
+        PostgreSQL 11+ keeps such a default once in the catalog (`attmissingval`) for
+        the rows already there, without rewriting them, so no row carries them (the
+        staging INSERT writes only the declared columns). NOT NULL as the reader
+        table's. In the same statement the CHECK that makes the ATTACH skip its scan
+        (a LIST partition refuses NULL, so it says NOT NULL too): validated by one
+        scan of the rows here, cheaper than the same test row by row during the
+        INSERT (figures in docs/performance.md)."""
+        key = _quote(spec.partition_key_column)
+        self.execute(
+            f'ALTER TABLE {_quote(table)} ADD COLUMN "_run_id" text NOT NULL DEFAULT {_literal(run_id)}, '
+            f'ADD COLUMN "_partition" text NOT NULL DEFAULT {_literal(partition)}, '
+            f'ADD COLUMN "_attempt" integer DEFAULT {int(attempt_no)}, '
+            f'ADD CONSTRAINT "_bf_partition" CHECK ({key} IS NOT NULL AND {key} = {_literal(partition)})')
 
     def _prepare_version(self, *, spec: DatasetSpec, run_id: str, partition: str) -> None:
         """A version without a marker is a dead attempt's: its table goes (PostgreSQL's
@@ -334,12 +349,14 @@ class PostgreSQLWarehouse(SqlWarehouse):
         have left one), and a new one is made."""
         table = self.version_table(spec, run_id)
         self.execute(f"DROP TABLE IF EXISTS {_quote(table)}")
-        self._create_version_table(spec, table, partition)
+        self._create_version_table(spec, table)
 
-    def _finish_version(self, *, spec: DatasetSpec, run_id: str, partition: str) -> None:
-        """The declared indexes, built once over the loaded rows (cheaper than keeping
+    def _finish_version(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str) -> None:
+        """The bookkeeping columns and the partition's CHECK (`_add_bookkeeping`), then
+        the declared indexes, built once over the loaded rows (cheaper than keeping
         them up row by row), matching the reader table's so the ATTACH adopts them."""
         table = self.version_table(spec, run_id)
+        self._add_bookkeeping(spec, table, run_id=run_id, attempt_no=attempt_no, partition=partition)
         for columns in spec.indexes:
             self.execute(f"CREATE INDEX {_quote(_index_name(table, columns))} ON {_quote(table)} "
                          f"({', '.join(_quote(c) for c in columns)})")
@@ -420,8 +437,8 @@ class PostgreSQLWarehouse(SqlWarehouse):
         with self.transaction():
             self._lock(f"dataset:{spec.name}")
             self._ready.discard(spec)
-            runs = self.query('SELECT "run_id", "partition" FROM "_bf_markers" WHERE "dataset" = ? ORDER BY "run_id"',
-                              (spec.name,))
+            runs = self.query('SELECT "run_id", "partition", "attempt_no" FROM "_bf_markers" WHERE "dataset" = ? '
+                              'ORDER BY "run_id"', (spec.name,))
             current = dict(self.query('SELECT "partition", "run_id" FROM "_bf_current" WHERE "dataset" = ?',
                                       (spec.name,)))
             if kind == "view":
@@ -430,7 +447,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
             else:  # partitioned on another column: the versions move to new tables too
                 heap = f"{spec.name}__upgrading"
                 self.execute(f"ALTER TABLE {_quote(spec.name)} RENAME TO {_quote(heap)}")
-                for run_id, _ in runs:
+                for run_id, _, _ in runs:
                     table = self._version_table_of(spec.name, run_id)
                     if self.table_exists(table):
                         self.execute(f"ALTER TABLE {_quote(table)} RENAME TO {_quote(table + '_old')}")
@@ -440,16 +457,16 @@ class PostgreSQLWarehouse(SqlWarehouse):
             self.execute(f"CREATE TABLE {_quote(spec.name)} ({', '.join(columns)}) "
                          f"PARTITION BY LIST ({_quote(spec.partition_key_column)})")
             self._build_dataset(spec)
-            names = [c for c in self._columns_of(spec.name)]
+            names = [c for c in self._columns_of(spec.name) if c not in BOOKKEEPING_COLUMNS]
             listed = ", ".join(_quote(c) for c in names)
-            for run_id, partition in runs:
+            for run_id, partition, attempt_no in runs:
                 table = self._version_table_of(spec.name, run_id)
                 source = (_quote(heap) if kind == "view" else _quote(table + "_old"))
-                self._create_version_table(spec, table, partition)
+                self._create_version_table(spec, table)
                 if kind == "view" or self.table_exists(table + "_old"):
                     self.execute(f'INSERT INTO {_quote(table)} ({listed}) SELECT {listed} FROM {source} '
                                  f'WHERE "_run_id" = ?', (run_id,))
-                self._finish_version(spec=spec, run_id=run_id, partition=partition)
+                self._finish_version(spec=spec, run_id=run_id, attempt_no=int(attempt_no), partition=partition)
                 if kind != "view" and self.table_exists(table + "_old"):
                     self.execute(f"DROP TABLE {_quote(table + '_old')}")
             for partition, run_id in current.items():
@@ -462,22 +479,47 @@ class PostgreSQLWarehouse(SqlWarehouse):
     # -- numbers and fingerprint ------------------------------------------------------
 
     def _numbers_and_fingerprint(self, spec: DatasetSpec, run_id: str) -> tuple[VersionNumbers, str]:
-        """Both at commit, in one statement over the run's freshly written rows (in
-        shared buffers), inside the staging transaction.
+        """Both at commit, in one scan of the run's freshly written rows (in shared
+        buffers), inside the staging transaction: the rows, the rows with a NULL key
+        part, the measure's sum, the distinct complete keys and the fingerprint's two
+        lanes are aggregates of the same pass (`_one_pass_sql`).
 
         Measured against the alternative the issue suggested, a data-modifying CTE
         whose RETURNING rows are aggregated in the INSERT's own statement (so nothing
-        is read back): that was 1.45x slower for a 200,000-row stage_select on
-        PostgreSQL 15 (4 alternations, same markers), since RETURNING rows go through a
-        tuplestore (spilling past work_mem) and a data-modifying statement never runs
-        in parallel, while reading back pages the INSERT just wrote is cheap."""
-        run_rows = f'{_quote(self._stored_table(spec, run_id))} WHERE "_run_id" = ?'
-        row = self.query(
-            f"""SELECT {self._numbers_sql(spec, run_rows)}, {self._hash_lanes_sql()}
-            FROM (SELECT *, {self._row_hash_sql(spec)} AS h FROM {run_rows} OFFSET 0) AS r""",
-            (run_id, run_id),
-        )[0]
+        is read back): 1.84-1.90 s against 0.86-0.96 s for the INSERT then this scan
+        (1,000,000 rows, PostgreSQL 15), since RETURNING rows go through a tuplestore
+        (spilling past work_mem) while reading back pages the INSERT just wrote is
+        cheap. Figures in docs/performance.md."""
+        table = self._stored_table(spec, run_id)
+        own = table != spec.name  # the version's own table holds nothing else
+        row = self.query(self._one_pass_sql(spec, _quote(table), "" if own else 'WHERE "_run_id" = ?'),
+                         () if own else (run_id,))[0]
         return self._to_numbers(row), self._lanes_hex(row[4], row[5])
+
+    def _one_pass_sql(self, spec: DatasetSpec, table: str, where: str) -> str:
+        """Row count, rows with a NULL key part, measure sum, distinct complete keys and
+        the hash lanes, in this order, from one scan of `table` (`where`: its filter).
+
+        Distinct keys: COUNT(DISTINCT) of the key (a row of its columns if it has
+        several, complete ones only), an exact count sorted inside the aggregate; text
+        parts compared bytewise (COLLATE "C": equality is the same for the
+        deterministic collations, and the sort several times cheaper than the
+        locale's). Grouping the rows by key instead, which also gives the counts,
+        spills a hash table of one group per key: 1.34 s against 0.49 s for
+        1,000,000 keys."""
+        parts = []
+        for name in spec.business_key:
+            declared = next((c for c in spec.columns if c.name == name), None)
+            text = declared is not None and declared.type == "text"
+            parts.append(f'{_quote(name)} COLLATE "C"' if text else _quote(name))
+        any_null = " OR ".join(f"{_quote(k)} IS NULL" for k in spec.business_key)
+        all_set = " AND ".join(f"{_quote(k)} IS NOT NULL" for k in spec.business_key)
+        key = parts[0] if len(parts) == 1 else f"ROW({', '.join(parts)})"
+        distinct = f"COUNT(DISTINCT {key})" + ("" if len(parts) == 1 else f" FILTER (WHERE {all_set})")
+        measure = f"SUM({_quote(spec.core_measure)})" if spec.core_measure else "NULL"
+        return (f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {any_null} THEN 1 ELSE 0 END), 0), {measure}, "
+                f"{distinct}, {self._hash_lanes_sql()} "
+                f"FROM (SELECT *, {self._row_hash_sql(spec)} AS h FROM {table} {where} OFFSET 0) AS r")
 
     def _fingerprint(self, spec: DatasetSpec, run_id: str) -> str:
         high, low = self.query(

@@ -143,6 +143,9 @@ class SqlWarehouse(WarehouseBackend):
     NATIVE_VALUES = False
     #: the engine's name as people write it (an estimate says whose it is).
     ENGINE = ""
+    #: the staging INSERT writes `_run_id`, `_partition` and `_attempt` in every row
+    #: (False: the engine stores them once per version, in `_finish_version`).
+    BOOKKEEPING_PER_ROW = True
 
     def __init__(self, url: str, *, lock_timeout_seconds: int = 0, idle_in_transaction_timeout_seconds: int = 0,
                  publish_lock_timeout_seconds: float = 1.0, publish_wait_seconds: float = 300.0):
@@ -584,7 +587,12 @@ class SqlWarehouse(WarehouseBackend):
         them go."""
         self.execute(f'DELETE FROM {_quote(spec.versions_table)} WHERE "_run_id" = ?', (run_id,))
 
-    def _finish_version(self, *, spec: DatasetSpec, run_id: str, partition: str) -> None:
+    def _written_columns(self, spec: DatasetSpec) -> tuple[str, ...]:
+        """The columns the staging INSERT writes, in order: the declared ones, then
+        the bookkeeping if the engine stores it per row (bound last)."""
+        return (*spec.column_names, *BOOKKEEPING_COLUMNS) if self.BOOKKEEPING_PER_ROW else spec.column_names
+
+    def _finish_version(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str) -> None:
         """After a run's rows are written, before its marker: a row whose partition
         column is not the version's partition is refused (readers filter on it)."""
         if not spec.partition_column:
@@ -603,8 +611,12 @@ class SqlWarehouse(WarehouseBackend):
                        select_sql: str, params: Sequence) -> tuple[VersionNumbers, str] | None:
         """Write the SELECT's rows as the run's version; the numbers and fingerprint if
         the same statement computed them (None: the marker counts them after)."""
-        columns = ", ".join(_quote(name) for name in (*spec.column_names, *BOOKKEEPING_COLUMNS))
+        columns = ", ".join(_quote(name) for name in self._written_columns(spec))
         selected = ", ".join(f"q.{_quote(name)}" for name in spec.column_names)
+        if not self.BOOKKEEPING_PER_ROW:
+            self.execute(f"INSERT INTO {_quote(self.version_table(spec, run_id))} ({columns}) "
+                         f"SELECT {selected} FROM ({select_sql}) AS q", tuple(params))
+            return None
         # The three run placeholders come first in the text, so first in the params.
         self.execute(
             f"INSERT INTO {_quote(self.version_table(spec, run_id))} ({columns}) "
@@ -738,8 +750,8 @@ class SqlWarehouse(WarehouseBackend):
         self._ensure_dataset_once(spec)
         converters = [self._converter(col) for col in spec.columns]
         width = len(converters)
-        tail = (run_id, partition, attempt_no)
-        columns = [_quote(name) for name in (*spec.column_names, *BOOKKEEPING_COLUMNS)]
+        tail = (run_id, partition, attempt_no) if self.BOOKKEEPING_PER_ROW else ()
+        columns = [_quote(name) for name in self._written_columns(spec)]
         target = _quote(self.version_table(spec, run_id))
         with self.transaction():
             self._begin_stage(spec=spec, run_id=run_id, partition=partition, take_over=take_over)
@@ -756,7 +768,7 @@ class SqlWarehouse(WarehouseBackend):
                     batch = []
                     flush_at = time.monotonic() + FLUSH_SECONDS
             self.bulk_insert(target, columns, batch)
-            self._finish_version(spec=spec, run_id=run_id, partition=partition)
+            self._finish_version(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition)
             return self._commit_marker(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition)
 
     def stage_select(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
@@ -773,7 +785,7 @@ class SqlWarehouse(WarehouseBackend):
             self._begin_stage(spec=spec, run_id=run_id, partition=partition, take_over=take_over)
             taken = self._insert_select(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition,
                                         select_sql=select_sql, params=params)
-            self._finish_version(spec=spec, run_id=run_id, partition=partition)
+            self._finish_version(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition)
             return self._commit_marker(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition,
                                        taken=taken)
 
@@ -1033,19 +1045,6 @@ class SqlWarehouse(WarehouseBackend):
              marker.measure_sum, marker.numbers_of),
         )
         return marker
-
-    def _numbers_sql(self, spec: DatasetSpec, source: str) -> str:
-        """Row count, rows with a NULL key part, measure sum and distinct complete keys
-        of one run: `source` is the versions table filtered on the run (`... WHERE
-        "_run_id" = ?`), read once more for the keys; the caller binds both. Grouping by the
-        key columns counts composite keys correctly, which COUNT(DISTINCT a || b)
-        would not ('ab'||'c' = 'a'||'bc')."""
-        keys = [_quote(k) for k in spec.business_key]
-        any_null = " OR ".join(f"{k} IS NULL" for k in keys)
-        all_set = " AND ".join(f"{k} IS NOT NULL" for k in keys)
-        measure = f"SUM({_quote(spec.core_measure)})" if spec.core_measure else "NULL"
-        return (f"COUNT(*), COALESCE(SUM(CASE WHEN {any_null} THEN 1 ELSE 0 END), 0), {measure}, "
-                f"(SELECT COUNT(*) FROM (SELECT 1 FROM {source} AND {all_set} GROUP BY {', '.join(keys)}) AS d)")
 
     @staticmethod
     def _to_numbers(row: Sequence) -> VersionNumbers:

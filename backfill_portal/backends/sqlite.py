@@ -153,7 +153,7 @@ class SQLiteWarehouse(SqlWarehouse):
 
     # -- the marker's numbers -----------------------------------------------------------
 
-    def _finish_version(self, *, spec: DatasetSpec, run_id: str, partition: str) -> None:
+    def _finish_version(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str) -> None:
         """Nothing here: whether every row holds its partition is counted in the
         marker's own aggregate (`_commit_marker`), not in a scan of its own."""
 
@@ -167,7 +167,7 @@ class SQLiteWarehouse(SqlWarehouse):
                 row = self.query(self._numbers_statement(spec, run_id, also=f"{column} IS NULL OR {column} <> ?"),
                                  (partition, run_id))[0]
                 if row[4]:
-                    super()._finish_version(spec=spec, run_id=run_id, partition=partition)  # names the value
+                    super()._finish_version(spec=spec, run_id=run_id, attempt_no=attempt_no, partition=partition)  # names the value
                     raise ValidationError(f"{spec.name}.{spec.partition_column}: {row[4]} rows are not in their "
                                           f"partition {partition!r}", field="partition_column")
                 numbers = self._to_numbers(row)
