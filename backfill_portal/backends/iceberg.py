@@ -75,6 +75,7 @@ CHUNK = 500
 # Snapshots a table keeps after each publishing commit (the newest; see
 # _expire_old_snapshots): enough for time travel over the last publishes.
 RETAINED_SNAPSHOTS = 20
+ROW_HASH = "_bf_row_md5"  # the numbers query's per-row hash (not a column name a dataset may use)
 
 
 def _quote(name: str) -> str:
@@ -182,10 +183,14 @@ def _numbers_sql(spec: DatasetSpec, source: str) -> str:
     none_null = " AND ".join(f"{k} IS NOT NULL" for k in keys)
     key = keys[0] if len(keys) == 1 else f"({', '.join(keys)})"
     measure = f"SUM({_quote(spec.core_measure)})" if spec.core_measure else "NULL"
-    row = _row_text_sql(spec)
+    # One MD5 per row, split in two 64-bit halves (md5_number_upper and _lower each hash
+    # the row again: twice the pass). DuckDB's md5_number_upper is the UHUGEINT's low
+    # 64 bits, md5_number_lower its high ones: the same sums, the same fingerprints.
+    hashed = f"(SELECT *, md5_number({_row_text_sql(spec)}) AS {ROW_HASH} FROM {source}) AS bf_hashed"
     return (f"SELECT COUNT(*), COUNT(*) FILTER (WHERE {any_null}), "
             f"COUNT(DISTINCT {key}) FILTER (WHERE {none_null}), {measure}, "
-            f"SUM(md5_number_upper({row})), SUM(md5_number_lower({row})) FROM {source}")
+            f"SUM(CAST({ROW_HASH} & CAST({2**64 - 1} AS UHUGEINT) AS UBIGINT)), "
+            f"SUM(CAST({ROW_HASH} >> 64 AS UBIGINT)) FROM {hashed}")
 
 
 def _fingerprint_of(upper, lower) -> str:
