@@ -213,3 +213,25 @@ def test_a_queued_run_says_when_its_sql_is_rendered_and_that_nothing_was_logged(
     assert "Rendered when the run starts" in section(html, "sql-h")
     assert "No line logged under" in section(html, "log-h")
     assert 'data-phase="queued"' in section(html, "phases-h") and "so far" in section(html, "phases-h")
+
+
+def test_the_attention_panels_show_the_newest_and_link_to_all_of_them(web, queued):
+    from backfill_portal.web.pages.runs import ATTENTION_SHOWN
+
+    _req, (first, *_rest) = queued
+    for i in range(ATTENTION_SHOWN):
+        Run.objects.create(job=first.job, run_type="backfill", partition_key=f"2021-01-{i + 1:02d}",
+                           data_interval_start=first.data_interval_start, data_interval_end=first.data_interval_end,
+                           code_version=first.code_version)
+    runs = list(Run.objects.order_by("id"))
+    assert len(runs) > ATTENTION_SHOWN
+    for run in runs:
+        walk(run, RunStatus.RUNNING, RunStatus.FAILED, error="boom")
+    client = web("oscar")
+    failing = section(client.get(RUNS + "?run_type=backfill").content.decode(), "runs-failing")
+    assert failing.count("<tr data-run=") == ATTENTION_SHOWN
+    assert runs[-1].run_id in failing and runs[0].run_id not in failing  # the newest
+    assert f"Failing: {ATTENTION_SHOWN}+" in failing
+    assert 'href="?run_type=backfill&amp;state=failing">All failing runs' in failing
+    everything = client.get(RUNS + "?run_type=backfill&state=failing").content.decode()
+    assert runs[0].run_id in everything and 'id="runs-failing"' not in everything

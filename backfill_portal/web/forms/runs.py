@@ -7,16 +7,17 @@ from django import forms
 
 from backfill_portal.execution.choices import RunStatus, RunType
 from backfill_portal.execution.selectors import RunFilters
+from backfill_portal.web.forms.widgets import QuickSelect
 
 STATE_CHOICES = [("", "any state"), ("failing", "failing (not fixed since)"), ("stuck", "stuck (no sign of life)"),
                  *((s.value, s.value.replace("_", " ")) for s in RunStatus)]
 
 
 class RunFilterForm(forms.Form):
-    state = forms.ChoiceField(label="State", choices=STATE_CHOICES, required=False)
-    job = forms.ChoiceField(label="Job", required=False)
-    dataset = forms.ChoiceField(label="Dataset", required=False)
-    run_type = forms.ChoiceField(label="Run type", required=False,
+    state = forms.ChoiceField(label="State", choices=STATE_CHOICES, required=False, widget=QuickSelect)
+    job = forms.ChoiceField(label="Job", required=False, widget=QuickSelect)
+    dataset = forms.ChoiceField(label="Dataset", required=False, widget=QuickSelect)
+    run_type = forms.ChoiceField(label="Run type", required=False, widget=QuickSelect,
                                  choices=[("", "any type"), *((t.value, t.value) for t in RunType)])
     since = forms.DateField(label="Created from (UTC)", required=False,
                             widget=forms.DateInput(attrs={"type": "date"}))

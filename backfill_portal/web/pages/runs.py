@@ -25,8 +25,9 @@ from backfill_portal.execution.selectors import (
 from backfill_portal.web.forms.runs import RunFilterForm
 from backfill_portal.warehouse.models import Consumption, Publication, Version
 
-# Failing and stuck runs come first, above the paged list; this many of each.
-ATTENTION_SHOWN = 50
+# Failing and stuck runs come first, above the paged list; this many of each (the
+# newest), then a link to all of them: the list filtered by state, paged.
+ATTENTION_SHOWN = 20
 
 
 @login_required
@@ -49,7 +50,8 @@ def run_list(request):
     return render_page(request, "execution/run_list.html", {
         "form": form, "filters": filters, "stuck": stuck, "failing": failing, "attention_shown": ATTENTION_SHOWN,
         "stuck_ids": {r.pk for r in stuck}, "page": keyset_page(qs, request.GET.get("before")),
-        "keep_query": query_without(request, "before"), "stuck_after": settings.RUN_STUCK_AFTER_SECONDS,
+        "keep_query": query_without(request, "before"), "state_query": query_without(request, "before", "state"),
+        "stuck_after": settings.RUN_STUCK_AFTER_SECONDS,
     })
 
 
