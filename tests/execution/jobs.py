@@ -63,3 +63,14 @@ def quick_items(context):
     """The same 120 rows as slow_items, at once (for faults outside the attempt)."""
     for n in range(SLOW_ROWS):
         yield {"n": n, "label": f"{context.partition_key}-{n}"}
+
+
+MILLION_ROWS = 1_000_000
+
+
+def million_items(context):
+    """A 1,000,000-row partition, as fast as Python makes it: the one a test kills the
+    worker in the middle of writing (tests/execution/test_worker_iceberg.py)."""
+    label = f"{context.partition_key}-"
+    for n in range(MILLION_ROWS):
+        yield (n, label + str(n))
