@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import threading
 import time
@@ -60,6 +61,8 @@ from backfill_portal.backends.base import (
     rounded_measure,
 )
 from backfill_portal.core.errors import ValidationError
+
+logger = logging.getLogger(__name__)
 
 MARKER_FILE = "_bf_marker.json"
 LOCK_FILE = "_bf_writer.lock"
@@ -867,24 +870,26 @@ class IcebergWarehouse(WarehouseBackend):
         did not live to write is recorded before it can go. Only snapshots go, never a
         file: a version's files are listed by its marker, which rollback and pinning read,
         and only `purge` deletes them. A commit lost to a concurrent one is left to the
-        next publish."""
+        next publish; a snapshot a branch or tag points at (one a reader created) is kept.
+        Nothing here fails the publish: it has committed and is recorded."""
         from pyiceberg.exceptions import CommitFailedException
         from sqlalchemy.exc import OperationalError
 
         snapshots = sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
         if len(snapshots) <= RETAINED_SNAPSHOTS:
             return
-        self._sync_history(table)
-        current = table.current_snapshot()
-        doomed = [s.snapshot_id for s in snapshots[:-RETAINED_SNAPSHOTS]
-                  if current is None or s.snapshot_id != current.snapshot_id]
+        protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
+        doomed = [s.snapshot_id for s in snapshots[:-RETAINED_SNAPSHOTS] if s.snapshot_id not in protected]
+        if not doomed:
+            return
         try:
+            self._sync_history(table)
             table.maintenance.expire_snapshots().by_ids(doomed).commit()
-        except CommitFailedException:
-            pass
-        except OperationalError as exc:  # SQLite: another commit holds the catalog's write lock
-            if "locked" not in str(exc):
-                raise WarehouseUnavailable(f"Iceberg catalog: {exc}") from exc
+        except (CommitFailedException, OperationalError):
+            pass  # a concurrent commit (SQLite: one holding the catalog's write lock): the next publish expires
+        except Exception:
+            logger.warning("%s: expiring %d old snapshots failed; the next publish tries again",
+                           table.name()[-1], len(doomed), exc_info=True)
 
     def _record(self, table, snapshot_id: int) -> list[PublicationRecord]:
         """The history rows of one publishing snapshot, one per partition it moved

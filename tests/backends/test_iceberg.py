@@ -161,6 +161,24 @@ def test_readers_plan_over_as_many_manifests_after_25_publishes_as_after_2_and_o
     assert live_manifests(wh) == after_two
 
 
+def test_a_snapshot_a_reader_tagged_outlives_the_expiry_and_publishing_goes_on(wh):
+    from backfill_portal.backends.iceberg import RETAINED_SNAPSHOTS
+
+    stage(wh, "run-0", order_rows(10))
+    publish(wh, "run-0", None)
+    table = wh.catalog.load_table(f"{wh.namespace}.orders")
+    tagged = table.current_snapshot().snapshot_id
+    table.manage_snapshots().create_tag(tagged, "audit-2024").commit()
+    for i in range(1, RETAINED_SNAPSHOTS + 3):
+        stage(wh, f"run-{i}", order_rows(10, seed=i))
+        assert publish(wh, f"run-{i}", f"run-{i - 1}").run_id == f"run-{i}"
+
+    table = wh.catalog.load_table(f"{wh.namespace}.orders")
+    assert tagged in {s.snapshot_id for s in table.snapshots()}
+    assert len(table.snapshots()) == RETAINED_SNAPSHOTS + 1
+    assert {r["_run_id"] for r in table.scan(snapshot_id=tagged).to_arrow().to_pylist()} == {"run-0"}
+
+
 def test_the_orphan_sweep_leaves_a_live_writer_alone(wh):
     wh.ensure_dataset(ORDERS)
     halfway = threading.Event()
