@@ -210,3 +210,29 @@ def test_attaching_a_published_version_does_not_scan_it(pg_wh_url):
     table = wh.version_table(ORDERS, "run-b")
     assert any(f'partition constraint for table "{table}" is implied by existing constraints' in n
                for n in notices), notices
+
+
+# -- the fingerprint's definition stays the stored markers' -------------------------------
+
+
+def test_the_fingerprint_is_the_rounded_row_hash_markers_were_made_with(pg_wh_url):
+    """Markers already stored hold sums of hash_record_extended over the rows with every
+    numeric rounded to the sixth decimal; the marker's one-pass fingerprint (which skips
+    the round for a value with at most six decimals) must still give those sums, for
+    values with fewer decimals, trailing zeros and more than six, so old and new
+    versions of the same rows compare equal."""
+    from decimal import Decimal
+
+    wh = make_warehouse(pg_wh_url)
+    amounts = [Decimal("1"), Decimal("0.30"), Decimal("0.3000004"), Decimal("-2.1234567"), Decimal("12.5"),
+               Decimal("0.1234565"), None]
+    rows = [r[:3] + (amount,) + r[4:] for r, amount in zip(order_rows(len(amounts)), amounts)]
+    marker = stage(wh, "run-1", rows)
+    values = ", ".join(f'round("{c.name}", 6)' if c.type == "numeric" else f'"{c.name}"' for c in ORDERS.columns)
+    high, low = wh.query(
+        "SELECT COALESCE(SUM(h), 0), COALESCE(SUM(h # (h >> 29) # (h << 17)), 0) FROM "
+        f'(SELECT hash_record_extended(ROW({values}), 0) AS h FROM "{wh.version_table(ORDERS, "run-1")}" '
+        "OFFSET 0) AS r")[0]
+
+    assert marker.fingerprint == f"{int(high) % 2**64:016x}{int(low) % 2**64:016x}"
+    assert marker.fingerprint == wh.fingerprint(spec=ORDERS, run_id="run-1")
