@@ -569,6 +569,11 @@ if RUN_STUCK_AFTER_SECONDS < 1:
     raise ImproperlyConfigured(f"RUN_STUCK_AFTER_SECONDS={RUN_STUCK_AFTER_SECONDS} must be at least 1")
 # How long downstream owners have to answer a hand-off.
 HANDOFF_WINDOW_HOURS = env_int("HANDOFF_WINDOW_HOURS", 72)
+# Task outbox rows once sent are history (lost work is re-sent from run state): the
+# retention task deletes those sent more than this many days ago.
+TASK_OUTBOX_RETENTION_DAYS = env_int("TASK_OUTBOX_RETENTION_DAYS", 7)
+if TASK_OUTBOX_RETENTION_DAYS < 1:
+    raise ImproperlyConfigured(f"TASK_OUTBOX_RETENTION_DAYS={TASK_OUTBOX_RETENTION_DAYS} must be at least 1")
 
 # Each run's own log lines, one file per run_id, read by its run page (core/logging.py
 # RunLogHandler). Empty: not kept. Workers on several machines need it on a shared disk.

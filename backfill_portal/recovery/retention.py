@@ -31,6 +31,7 @@ from backfill_portal.catalog.models import Dataset
 from backfill_portal.catalog.specs import spec_for
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.lineage_out.outbox import lineage_events_purge_delivered
+from backfill_portal.execution.queue import outbox_purge
 from backfill_portal.execution.transitions import RUN_ACTIVE
 from backfill_portal.recovery.rollback import previous_verified
 from backfill_portal.warehouse.models import Consumption, Publication, Version
@@ -114,4 +115,15 @@ def lineage_events_purge_expired(*, actor=None, now=None, days: int | None = Non
                                             reason=f"delivered before the {days}-day retention window")
     if purged:
         logger.info("retention purged %d delivered lineage event(s)", purged)
+    return {"purged": purged, "cutoff": cutoff.isoformat()}
+
+
+def task_outbox_purge_expired(*, actor=None, now=None, days: int | None = None) -> dict:
+    """Delete the task outbox rows sent more than `days` ago
+    (settings.TASK_OUTBOX_RETENTION_DAYS); never a row not yet sent. Returns counts."""
+    days = settings.TASK_OUTBOX_RETENTION_DAYS if days is None else days
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    purged = outbox_purge(sent_before=cutoff, actor=actor, reason=f"sent before the {days}-day retention window")
+    if purged:
+        logger.info("retention purged %d sent task outbox row(s)", purged)
     return {"purged": purged, "cutoff": cutoff.isoformat()}

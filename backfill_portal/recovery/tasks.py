@@ -15,9 +15,15 @@ def reconcile_request(request_id: int) -> str:
 def purge_versions() -> dict:
     """Retention: purge versions older than VERSION_RETENTION_DAYS (never the current,
     the previous verified one, or anything a rollback or a running job needs), and the
-    OpenLineage events delivered more than LINEAGE_EVENT_RETENTION_DAYS ago."""
-    from backfill_portal.recovery.retention import lineage_events_purge_expired, versions_purge_expired
+    OpenLineage events delivered more than LINEAGE_EVENT_RETENTION_DAYS ago, and the
+    task outbox rows sent more than TASK_OUTBOX_RETENTION_DAYS ago."""
+    from backfill_portal.recovery.retention import (
+        lineage_events_purge_expired,
+        task_outbox_purge_expired,
+        versions_purge_expired,
+    )
 
     counts = versions_purge_expired(actor=None)
     counts["lineage_events_purged"] = lineage_events_purge_expired(actor=None)["purged"]
+    counts["task_outbox_purged"] = task_outbox_purge_expired(actor=None)["purged"]
     return counts

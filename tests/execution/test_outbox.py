@@ -71,3 +71,31 @@ def test_a_second_send_keeps_the_first_stamp(broker):
     assert queue.send(row)
     assert len(sent) == 2  # a duplicate delivery, which tasks tolerate
     assert TaskOutbox.objects.get(pk=row.pk).sent_at == first
+
+
+def test_retention_deletes_rows_sent_before_the_window_never_an_unsent_one(broker, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from backfill_portal.core.models import AuditEvent
+    from backfill_portal.recovery.tasks import purge_versions
+
+    _sent, state = broker
+    settings.TASK_OUTBOX_RETENTION_DAYS = 7
+    with transaction.atomic():
+        old, recent = (queue.enqueue("execution.execute_run", f"run_{n}") for n in ("old", "recent"))
+    state["down"] = True
+    with transaction.atomic():
+        unsent = queue.enqueue("execution.execute_run", "run_unsent")
+    now = timezone.now()
+    TaskOutbox.objects.filter(pk=old.pk).update(sent_at=now - timedelta(days=8))
+    TaskOutbox.objects.filter(pk=recent.pk).update(sent_at=now - timedelta(days=6))
+    TaskOutbox.objects.filter(pk=unsent.pk).update(created_at=now - timedelta(days=400))
+
+    counts = purge_versions.apply().get()  # the beat's retention task
+    assert counts["task_outbox_purged"] == 1
+    assert set(TaskOutbox.objects.values_list("pk", flat=True)) == {recent.pk, unsent.pk}
+    (audit,) = AuditEvent.objects.filter(action="task_outbox.purge")
+    assert audit.data["rows"] == 1 and audit.object_id == f"{old.pk}-{old.pk}" and "7-day" in audit.reason
+    assert purge_versions.apply().get()["task_outbox_purged"] == 0  # safe twice
