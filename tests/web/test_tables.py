@@ -94,12 +94,14 @@ def test_audit_row_one_sided_change_shows_the_empty_state():
 
 
 def run(**overrides):
-    fields = dict(pk=9, run_id="r-20240305-abc", job=SimpleNamespace(name="dwd_order_items",
-                  dataset=SimpleNamespace(name="dwd_order_items_ds")), partition_key="2022-10-01",
-                  run_type="backfill", status="verification_failed", request_id=42, created_at=AT,
-                  started_at=AT, finished_at=AT.replace(second=21), error="the version has no rows", moved_at=AT)
+    """A run table row: execution.selectors.RUN_ROW_VALUES, with moved_at."""
+    fields = {"pk": 9, "run_id": "r-20240305-abc", "job__name": "dwd_order_items",
+              "job__dataset__name": "dwd_order_items_ds", "job__dataset_id": 3, "partition_key": "2022-10-01",
+              "run_type": "backfill", "status": "verification_failed", "request_id": 42, "created_at": AT,
+              "started_at": AT, "finished_at": AT.replace(second=21), "error": "the version has no rows",
+              "moved_at": AT}
     fields.update(overrides)
-    return SimpleNamespace(**fields)
+    return fields
 
 
 def test_run_list_row_links_state_took_and_error():
@@ -136,8 +138,14 @@ def test_home_failing_and_stuck_rows():
 
 def test_run_rows_escape_every_value():
     evil = "<script>x</script>"
-    item = run(run_id='a"b', partition_key=evil, run_type=evil, error=evil, status='s"',
-               job=SimpleNamespace(name=evil, dataset=SimpleNamespace(name=evil)))
+    item = run(run_id='a"b', partition_key=evil, run_type=evil, error=evil, status='s"', job__name=evil,
+               job__dataset__name=evil)
     for html in (run_list_rows([item], ()), failing_rows([item]), stuck_rows([item])):
         assert "<script>" not in html and "&lt;script&gt;" in html
         assert 'data-run="a"b"' not in html and 'pill-s"' not in html
+
+
+def test_run_row_values_are_what_the_run_tables_read():
+    from backfill_portal.execution.selectors import RUN_ROW_VALUES
+
+    assert set(run()) == {*RUN_ROW_VALUES, "moved_at"}

@@ -19,7 +19,7 @@ from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import keyset_page, query_without, render_page
 from backfill_portal.execution.anomalies import partition_anomalies
 from backfill_portal.web.forms.audit import AuditFilterForm
-from backfill_portal.execution.selectors import run_row_list, runs_failing, runs_stuck
+from backfill_portal.execution.selectors import run_row_list, run_row_values, runs_failing, runs_stuck
 from backfill_portal.recovery.rollback import closure_entries
 from backfill_portal.warehouse.models import Contamination, Publication
 
@@ -68,15 +68,17 @@ def home(request):
     contaminated = _contaminated_now() if oncall or owned else []
     if oncall:
         ctx.update({
-            "failing": list(runs_failing(run_row_list()).order_by("-id")[:HOME_ATTENTION_ROWS]),
-            "stuck": list(runs_stuck(run_row_list()).order_by("moved_at", "id")[:HOME_ATTENTION_ROWS]),
+            "failing": list(run_row_values(runs_failing(run_row_list()).order_by("-id"))[:HOME_ATTENTION_ROWS]),
+            "stuck": list(run_row_values(runs_stuck(run_row_list()).order_by("moved_at", "id"))
+                          [:HOME_ATTENTION_ROWS]),
             "stuck_minutes": settings.RUN_STUCK_AFTER_SECONDS // 60,
             "contaminated": contaminated[:HOME_ATTENTION_ROWS],
             "reconciling": list(request_rows().filter(status=RequestStatus.RECONCILING)
                                 .order_by("id")[:HOME_ATTENTION_ROWS]),
         })
     if owned:
-        failing = list(runs_failing(run_row_list().filter(job__dataset__in=owned)).order_by("-id")[:HOME_CLOSURE_SCAN])
+        failing = list(run_row_values(runs_failing(run_row_list().filter(job__dataset__in=owned)).order_by("-id"))
+                       [:HOME_CLOSURE_SCAN])
         ctx["health"] = _dataset_health(owned, failing, contaminated)
     return render_page(request, "core/home.html", ctx)
 
@@ -103,7 +105,7 @@ def _dataset_health(owned: list[Dataset], failing: list, contaminated: list[dict
                 .values("dataset_id").annotate(at=Max("published_at")).values_list("dataset_id", "at"))
     rows = []
     for ds in owned:
-        fails = [r for r in failing if r.job.dataset_id == ds.pk]
+        fails = [r for r in failing if r["job__dataset_id"] == ds.pk]
         marks = [c for c in contaminated if c["dataset"] == ds.name]
         state = "failing" if fails else "contaminated" if marks else "healthy" if last.get(ds.pk) else "empty"
         rows.append({"dataset": ds, "failing": fails[:3], "n_failing": len(fails), "contaminated": marks[:3],

@@ -17,6 +17,7 @@ from backfill_portal.execution.selectors import (
     RunFilters,
     run_phases,
     run_rendered_sql,
+    run_row_values,
     run_rows,
     run_verdict,
     runs_failing,
@@ -45,11 +46,11 @@ def run_list(request):
     qs = run_rows(filters)
     stuck = failing = []
     if not filters.state:
-        stuck = list(runs_stuck(qs).order_by("-id")[:ATTENTION_SHOWN])
-        failing = list(runs_failing(qs).order_by("-id")[:ATTENTION_SHOWN])
+        stuck = list(run_row_values(runs_stuck(qs).order_by("-id"))[:ATTENTION_SHOWN])
+        failing = list(run_row_values(runs_failing(qs).order_by("-id"))[:ATTENTION_SHOWN])
     return render_page(request, "execution/run_list.html", {
         "form": form, "filters": filters, "stuck": stuck, "failing": failing, "attention_shown": ATTENTION_SHOWN,
-        "stuck_ids": {r.pk for r in stuck}, "page": keyset_page(qs, request.GET.get("before")),
+        "stuck_ids": {r["pk"] for r in stuck}, "page": keyset_page(run_row_values(qs), request.GET.get("before")),
         "keep_query": query_without(request, "before"), "state_query": query_without(request, "before", "state"),
         "stuck_after": settings.RUN_STUCK_AFTER_SECONDS,
     })

@@ -96,7 +96,9 @@ def audit_rows(events: Iterable) -> SafeString:
 
 
 class _RunCells:
-    """The cells every run table shares, with each URL reversed once per table."""
+    """The cells every run table shares, with each URL reversed once per table. A run
+    row is a mapping of execution.selectors.RUN_ROW_VALUES (a values() row: building
+    model instances took longer than the rows' SQL)."""
 
     def __init__(self):
         self.run_page = url_filler("run-detail")
@@ -104,12 +106,12 @@ class _RunCells:
 
     def run(self, r, *, nowrap: bool) -> str:
         cls = "mono nowrap" if nowrap else "mono"
-        return f'<td class="{cls}"><a href="{escape(self.run_page(r.run_id))}">{escape(r.run_id)}</a></td>'
+        return f'<td class="{cls}"><a href="{escape(self.run_page(r["run_id"]))}">{escape(r["run_id"])}</a></td>'
 
     def request(self, r) -> str:
-        if not r.request_id:
+        if not r["request_id"]:
             return "<td>—</td>"
-        return f'<td><a href="{escape(self.request_page(r.request_id))}">#{int(r.request_id)}</a></td>'
+        return f'<td><a href="{escape(self.request_page(r["request_id"]))}">#{int(r["request_id"])}</a></td>'
 
 
 def _pill(status: str) -> str:
@@ -129,18 +131,18 @@ def run_list_rows(rows: Iterable, stuck_ids=()) -> SafeString:
     stuck_ids = stuck_ids or ()  # an unset template variable is ""
     out = []
     for r in rows:
-        stuck = ' <span class="pill pill-failed">stuck</span>' if r.pk in stuck_ids else ""
-        error = (f'<span class="error-text run-error">{escape(_error(r.error, 200))}</span>' if r.error else "—")
+        stuck = ' <span class="pill pill-failed">stuck</span>' if r["pk"] in stuck_ids else ""
+        error = (f'<span class="error-text run-error">{escape(_error(r["error"], 200))}</span>' if r["error"] else "—")
         out.append(
-            f'<tr data-run="{escape(r.run_id)}">\n  {cells.run(r, nowrap=True)}\n'
-            f'  <td><a href="{escape(job_page(r.job.name))}">{escape(r.job.name)}</a>'
-            f'<span class="muted small"> → {escape(r.job.dataset.name)}</span></td>\n'
-            f'  <td class="mono nowrap">{escape(r.partition_key)}</td>\n'
-            f'  <td>{escape(r.run_type)}</td>\n'
-            f'  <td class="nowrap">{_pill(r.status)}{stuck}</td>\n'
+            f'<tr data-run="{escape(r["run_id"])}">\n  {cells.run(r, nowrap=True)}\n'
+            f'  <td><a href="{escape(job_page(r["job__name"]))}">{escape(r["job__name"])}</a>'
+            f'<span class="muted small"> → {escape(r["job__dataset__name"])}</span></td>\n'
+            f'  <td class="mono nowrap">{escape(r["partition_key"])}</td>\n'
+            f'  <td>{escape(r["run_type"])}</td>\n'
+            f'  <td class="nowrap">{_pill(r["status"])}{stuck}</td>\n'
             f'  {cells.request(r)}\n'
-            f'  <td class="nowrap">{_time(r.created_at, "%Y-%m-%d %H:%M:%S")}</td>\n'
-            f'  <td class="nowrap">{escape(duration(r.started_at, r.finished_at))}</td>\n'
+            f'  <td class="nowrap">{_time(r["created_at"], "%Y-%m-%d %H:%M:%S")}</td>\n'
+            f'  <td class="nowrap">{escape(duration(r["started_at"], r["finished_at"]))}</td>\n'
             f'  <td>{error}</td>\n</tr>\n')
     return mark_safe("".join(out))
 
@@ -151,16 +153,16 @@ def failing_rows(rows: Iterable) -> SafeString:
     cells = _RunCells()
     out = []
     for r in rows:
-        finished = _time(r.finished_at, "%Y-%m-%d %H:%M") if r.finished_at else "—"
+        finished = _time(r["finished_at"], "%Y-%m-%d %H:%M") if r["finished_at"] else "—"
         out.append(
             f'<tr>\n  {cells.run(r, nowrap=False)}\n'
-            f'  <td>{escape(r.run_type)}</td>\n'
-            f'  <td>{escape(r.job.name)}</td>\n'
-            f'  <td class="mono nowrap">{escape(r.partition_key)}</td>\n'
-            f'  <td>{_pill(r.status)}</td>\n'
+            f'  <td>{escape(r["run_type"])}</td>\n'
+            f'  <td>{escape(r["job__name"])}</td>\n'
+            f'  <td class="mono nowrap">{escape(r["partition_key"])}</td>\n'
+            f'  <td>{_pill(r["status"])}</td>\n'
             f'  <td class="nowrap">{finished}</td>\n'
             f'  {cells.request(r)}\n'
-            f'  <td class="clip error-cell">{escape(_error(r.error, 140) or "—")}</td>\n</tr>\n')
+            f'  <td class="clip error-cell">{escape(_error(r["error"], 140) or "—")}</td>\n</tr>\n')
     return mark_safe("".join(out))
 
 
@@ -173,10 +175,10 @@ def stuck_rows(rows: Iterable) -> SafeString:
     for r in rows:
         out.append(
             f'<tr>\n  {cells.run(r, nowrap=False)}\n'
-            f'  <td>{escape(r.run_type)}</td>\n'
-            f'  <td>{escape(r.job.name)}</td>\n'
-            f'  <td class="mono nowrap">{escape(r.partition_key)}</td>\n'
-            f'  <td>{_pill(r.status)}</td>\n'
-            f'  <td class="nowrap">{_time(r.moved_at, "%Y-%m-%d %H:%M")} ({escape(timesince(r.moved_at))} ago)</td>\n'
+            f'  <td>{escape(r["run_type"])}</td>\n'
+            f'  <td>{escape(r["job__name"])}</td>\n'
+            f'  <td class="mono nowrap">{escape(r["partition_key"])}</td>\n'
+            f'  <td>{_pill(r["status"])}</td>\n'
+            f'  <td class="nowrap">{_time(r["moved_at"], "%Y-%m-%d %H:%M")} ({escape(timesince(r["moved_at"]))} ago)</td>\n'
             f'  {cells.request(r)}\n</tr>\n')
     return mark_safe("".join(out))
