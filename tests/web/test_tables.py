@@ -134,6 +134,12 @@ def test_home_failing_and_stuck_rows():
     html = stuck_rows([run(status="running")])
     assert '<span class="pill pill-running">running</span>' in html
     assert '<time datetime="2024-03-05T07:08:09+00:00">2024-03-05 07:08</time> (' in html and " ago)</td>" in html
+    from datetime import timedelta
+
+    from django.utils import timezone as dj_timezone
+
+    two_hours_ago = dj_timezone.now() - timedelta(hours=2, seconds=5)
+    assert "(2 h ago)</td>" in stuck_rows([run(moved_at=two_hours_ago)])
 
 
 def test_run_rows_escape_every_value():

@@ -19,9 +19,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
-from django.utils.timesince import timesince
 
-from backfill_portal.web.templatetags.timing import duration
+from backfill_portal.web.templatetags.timing import duration, words
 from backfill_portal.web.templatetags.words import state_label
 
 register = template.Library()
@@ -170,15 +169,18 @@ def failing_rows(rows: Iterable) -> SafeString:
 def stuck_rows(rows: Iterable) -> SafeString:
     """Rows of the on-call home's stuck-runs table: each run's `moved_at` is when it
     last showed life (execution.selectors.run_last_alive)."""
-    cells = _RunCells()
+    cells, now = _RunCells(), timezone.now()
     out = []
     for r in rows:
+        # How long ago, in the console's words for durations (Django's timesince
+        # translates each unit: ~0.1 ms a row).
+        ago = words(max((now - r["moved_at"]).total_seconds(), 0))
         out.append(
             f'<tr>\n  {cells.run(r, nowrap=False)}\n'
             f'  <td>{escape(r["run_type"])}</td>\n'
             f'  <td>{escape(r["job__name"])}</td>\n'
             f'  <td class="mono nowrap">{escape(r["partition_key"])}</td>\n'
             f'  <td>{_pill(r["status"])}</td>\n'
-            f'  <td class="nowrap">{_time(r["moved_at"], "%Y-%m-%d %H:%M")} ({escape(timesince(r["moved_at"]))} ago)</td>\n'
+            f'  <td class="nowrap">{_time(r["moved_at"], "%Y-%m-%d %H:%M")} ({ago} ago)</td>\n'
             f'  {cells.request(r)}\n</tr>\n')
     return mark_safe("".join(out))
