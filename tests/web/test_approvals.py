@@ -206,3 +206,12 @@ def test_inbox_forms_are_labelled_and_htmx_swaps_refusals_inline(web, cascade):
     assert f'<label for="step{step.pk}_comment">Comment</label>' in html
     assert 'aria-describedby="step' in html
     assert json.loads(html.split('name="htmx-config" content=\'')[1].split("'>")[0])["responseHandling"]
+
+
+def test_the_home_lists_the_handoff_and_the_inbox_count_of_its_owner_and_nothing_for_on_call(web, handoff):
+    sam = web("sam").get(reverse("home")).content.decode()
+    assert "Hand-offs for you" in sam and "Rebuild <strong>dws_sales_daily</strong>" in sam
+    assert f"#inbox-handoff-{handoff.pk}" in sam
+    assert '<span id="nav-inbox-count" class="badge">1<' in sam
+    oscar = web("oscar").get(reverse("home")).content.decode()
+    assert "Hand-offs for you" not in oscar and 'id="nav-inbox-count" class="badge badge-zero">0<' in oscar

@@ -18,6 +18,7 @@ from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.roles import Role, has_role
 from backfill_portal.core.web import keyset_page, query_without, render_page
 from backfill_portal.execution.anomalies import partition_anomalies
+from backfill_portal.web.context_processors import inbox_count
 from backfill_portal.web.forms.audit import AuditFilterForm
 from backfill_portal.execution.selectors import run_row_list, run_row_values, runs_failing, runs_stuck
 from backfill_portal.recovery.rollback import closure_entries
@@ -49,17 +50,21 @@ def home(request):
     user = request.user
     oncall = has_role(user, Role.ONCALL, Role.ADMIN)
     owned = list(Dataset.objects.filter(owner=user, is_source=False).order_by("name"))
+    # The navigation counts the inbox anyway; counted here once, it also tells whether
+    # the inbox's two panels have anything to read (on-call's usually do not).
+    inbox = inbox_count(user)
     ctx = {
+        "nav_inbox": inbox,
         "oncall": oncall, "owner": bool(owned) or has_role(user, Role.OWNER),
         "auditor": has_role(user, Role.AUDITOR) and not may_create(user),
         "my_requests": list(request_rows(user=user, mine=True).order_by("-id")[:HOME_ROWS]) if may_create(user)
         else [],
         "waiting": list(steps_waiting_for(user).select_related(None)
                         .select_related("request__requested_by", "dataset", "job").only(*WAITING_FIELDS)
-                        [:HOME_WAITING_ROWS]),
+                        [:HOME_WAITING_ROWS]) if inbox else [],
         "running": list(request_rows().filter(status=RequestStatus.RUNNING).order_by("-id")[:HOME_RUNNING_ROWS]),
         "handoffs": list(handoffs_waiting_for(user).select_related(None).select_related("job")
-                         .only(*HANDOFF_FIELDS)[:HOME_WAITING_ROWS]),
+                         .only(*HANDOFF_FIELDS)[:HOME_WAITING_ROWS]) if inbox else [],
         "rollbacks": list(Publication.objects.filter(action=Publication.Action.ROLLBACK)
                           .select_related("dataset", "version__run", "previous_version__run", "actor")
                           .only(*ROLLBACK_FIELDS).order_by("-id")[:HOME_ROLLBACKS]),
