@@ -12,12 +12,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
-from django.db import transaction
 from django.utils import timezone
 
 from backfill_portal.core.outbox import BACKFILL_QUEUE, PRODUCTION_QUEUE, enqueue
 from backfill_portal.core.rows import update_row
-from backfill_portal.core.services.audit import audit_record
+from backfill_portal.core.services.audit import delete_audited_in_batches
 from backfill_portal.execution.models import TaskOutbox
 
 __all__ = ["BACKFILL_QUEUE", "PRODUCTION_QUEUE", "broker_queue_depth", "enqueue", "outbox_purge", "outbox_resend",
@@ -102,27 +101,12 @@ def outbox_resend(*, older_than_seconds: int = 30) -> int:
     return sum(1 for row in rows if send(row))
 
 
-# Sent rows deleted per transaction (and per audit row) by a purge.
-OUTBOX_PURGE_BATCH = 5000
-
-
 def outbox_purge(*, sent_before, actor=None, reason: str = "") -> int:
     """Delete the outbox rows sent before `sent_before`: once sent, a row is history (a
     lost message is re-sent from the run's own state, never from an old row); a row
-    not yet sent is never deleted, however old. Up to OUTBOX_PURGE_BATCH rows per
-    transaction, each batch with its audit row (how many, which ids). Returns how many."""
-    purged = 0
-    while True:
-        with transaction.atomic():
-            ids = list(TaskOutbox.objects.filter(sent_at__isnull=False, sent_at__lt=sent_before)
-                       .order_by("id").values_list("id", flat=True)[:OUTBOX_PURGE_BATCH])
-            if not ids:
-                return purged
-            count, _ = TaskOutbox.objects.filter(pk__in=ids, sent_at__isnull=False).delete()
-            audit_record(actor=actor, action="task_outbox.purge", object_type="task_outbox",
-                         object_id=f"{ids[0]}-{ids[-1]}", reason=reason,
-                         data={"rows": count, "first_id": ids[0], "last_id": ids[-1],
-                               "sent_before": sent_before.isoformat()})
-        purged += count
-        if len(ids) < OUTBOX_PURGE_BATCH:
-            return purged
+    not yet sent is never deleted, however old. In batches, each with its audit row
+    (how many, which ids). Returns how many."""
+    return delete_audited_in_batches(
+        TaskOutbox.objects.filter(sent_at__isnull=False, sent_at__lt=sent_before),
+        action="task_outbox.purge", object_type="task_outbox", counted_as="rows", actor=actor, reason=reason,
+        data={"sent_before": sent_before.isoformat()})

@@ -122,6 +122,30 @@ def audit_record(
     return event
 
 
+# Rows deleted per transaction (and per audit row) by `delete_audited_in_batches`.
+PURGE_BATCH = 5000
+
+
+def delete_audited_in_batches(rows, *, action: str, object_type: str, counted_as: str, actor=None,
+                              reason: str = "", data: dict | None = None, batch: int = PURGE_BATCH) -> int:
+    """Delete the rows of the queryset `rows` oldest id first, up to `batch` per
+    transaction, each batch with one audit row (how many as `counted_as`, the first and
+    last id, plus `data`). The ids are read and deleted by the same filter in one
+    transaction, so a row that stopped matching in between stays. Returns how many."""
+    purged = 0
+    while True:
+        with transaction.atomic():
+            ids = list(rows.order_by("id").values_list("id", flat=True)[:batch])
+            if not ids:
+                return purged
+            count, _ = rows.filter(pk__in=ids).delete()
+            audit_record(actor=actor, action=action, object_type=object_type, object_id=f"{ids[0]}-{ids[-1]}",
+                         reason=reason, data={counted_as: count, "first_id": ids[0], "last_id": ids[-1], **(data or {})})
+        purged += count
+        if len(ids) < batch:
+            return purged
+
+
 def _insert(event: AuditEvent) -> None:
     """Insert a new event with the id the chain gave it (never an update: the log is
     append-only), with a statement built once per process (the ORM compiled it again

@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from backfill_portal.core.outbox import BACKFILL_QUEUE, PRODUCTION_QUEUE, enqueue
 from backfill_portal.core.rows import insert_row
-from backfill_portal.core.services.audit import audit_record
+from backfill_portal.core.services.audit import delete_audited_in_batches
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.lineage_out.events import Transition, run_event
@@ -43,8 +43,6 @@ SEND_TASK = "execution.send_lineage_events"
 TERMINAL_EVENTS = frozenset({"COMPLETE", "FAIL", "ABORT"})
 LEASE_SECONDS = 60
 BACKOFF_SECONDS, BACKOFF_MAX_SECONDS = 5.0, 600.0
-# Events deleted per transaction (and per audit row) by a purge.
-PURGE_BATCH = 5000
 
 
 def event_type_for(run: Run, transition: Transition) -> str | None:
@@ -155,21 +153,10 @@ def lineage_events_resend(*, now=None, older_than_seconds: int | None = None) ->
 def lineage_events_purge_delivered(*, sent_before, keep_runs_in=(), actor=None, reason: str = "") -> int:
     """Delete the events sent before `sent_before`, except those of runs whose status is
     in `keep_runs_in` (an open run's last event decides whether its next start is a
-    START or a RUNNING); an unsent event is never deleted. Up to PURGE_BATCH events per
-    transaction, each batch with its audit row (how many, which ids). Returns how many."""
-    purged = 0
-    while True:
-        with transaction.atomic():
-            ids = list(LineageEvent.objects.filter(sent_at__isnull=False, sent_at__lt=sent_before)
-                       .exclude(run__status__in=list(keep_runs_in)).order_by("id")
-                       .values_list("id", flat=True)[:PURGE_BATCH])
-            if not ids:
-                return purged
-            count, _ = LineageEvent.objects.filter(pk__in=ids, sent_at__isnull=False).delete()
-            audit_record(actor=actor, action="lineage_event.purge", object_type="lineage_event",
-                         object_id=f"{ids[0]}-{ids[-1]}", reason=reason,
-                         data={"events": count, "first_id": ids[0], "last_id": ids[-1],
-                               "sent_before": sent_before.isoformat()})
-        purged += count
-        if len(ids) < PURGE_BATCH:
-            return purged
+    START or a RUNNING); an unsent event is never deleted. In batches, each with its
+    audit row (how many, which ids). Returns how many."""
+    return delete_audited_in_batches(
+        LineageEvent.objects.filter(sent_at__isnull=False, sent_at__lt=sent_before)
+        .exclude(run__status__in=list(keep_runs_in)),
+        action="lineage_event.purge", object_type="lineage_event", counted_as="events", actor=actor, reason=reason,
+        data={"sent_before": sent_before.isoformat()})
