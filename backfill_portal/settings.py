@@ -440,6 +440,10 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    # No deep links: Swagger UI renders an operation's path as a link inside the button
+    # that opens it (axe: nested-interactive); templates/drf_spectacular/swagger_ui.html
+    # sets the page's language and darkens the badges to a readable contrast.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": False},
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {

@@ -24,3 +24,13 @@ def test_api_docs_render_with_no_internet(as_user, live_server):
     expect(alice.page.get_by_text(re.compile(r"/api/requests/\{id\}/submit/")).first).to_be_visible()
     alice.shot("api-docs")
     assert refused == []
+
+
+def test_api_docs_pass_axe_once_swagger_ui_has_rendered_the_operations(as_user):
+    from tests.browser.axe import serious_findings
+
+    alice = as_user("alice")
+    alice.goto("/api/docs/")
+    expect(alice.page.locator("#swagger-ui .opblock-summary-control").first).to_be_visible()
+    assert alice.page.evaluate("document.documentElement.lang") == "en"
+    assert serious_findings(alice.page) == []
