@@ -73,7 +73,7 @@ def test_a_second_send_keeps_the_first_stamp(broker):
     assert TaskOutbox.objects.get(pk=row.pk).sent_at == first
 
 
-def test_retention_deletes_rows_sent_before_the_window_never_an_unsent_one(broker, settings):
+def test_retention_deletes_rows_sent_before_the_window_never_an_unsent_one(broker, settings, warehouse):
     from datetime import timedelta
 
     from django.utils import timezone
