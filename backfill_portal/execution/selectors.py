@@ -49,8 +49,8 @@ def run_last_alive() -> Greatest:
     the future while it waits, so a waiting run is never stuck).
 
     Built once: a query resolves a copy of it, and the copy keeps the expression's
-    identity (a hash Django takes through inspect.signature for every node, several
-    times per query: ~3 ms of the on-call home's render when built per call)."""
+    identity (a hash Django takes through inspect.signature for every node). Measured
+    on the stuck-runs query at 1M runs (SQLite): 2.64 -> 2.45 ms, a small saving."""
     beat = (Attempt.objects.filter(run=OuterRef("pk")).order_by().values("run")
             .annotate(last=Max("heartbeat_at")).values("last"))
     created = F("created_at")
