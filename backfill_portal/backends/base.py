@@ -79,6 +79,15 @@ def rounded_measure(value: Any) -> float | None:
     return None if value is None else round(float(value), FINGERPRINT_DECIMALS)
 
 
+def fingerprint_kind(fingerprint: str) -> str:
+    """How `fingerprint` was computed: the text before its ':' ("v2" for "v2:...."), or
+    "" for the first fingerprint each backend had (bare hex digits, no ':'). Markers and
+    versions keep the fingerprint they were staged with, so a warehouse can hold
+    several kinds at once (`WarehouseBackend.FINGERPRINT_KIND`: what it computes now)."""
+    head, sep, _ = (fingerprint or "").partition(":")
+    return head if sep else ""
+
+
 # -- specs and results -------------------------------------------------------------
 
 
@@ -403,6 +412,9 @@ class WarehouseBackend(abc.ABC):
     #: The SQL dialect of the engine that runs job templates, checks and `query`
     #: ("sqlite", "postgresql", ...): the catalog's SQL is written in it.
     dialect: str = ""
+    #: The kind of fingerprint `fingerprint` computes now (`fingerprint_kind`); a
+    #: marker holding another kind is fingerprinted again when compared (`profile`).
+    FINGERPRINT_KIND: str = ""
 
     def __init__(self, url: str, *, lock_timeout_seconds: int = 0, idle_in_transaction_timeout_seconds: int = 0,
                  publish_lock_timeout_seconds: float = 1.0, publish_wait_seconds: float = 300.0):
@@ -477,9 +489,10 @@ class WarehouseBackend(abc.ABC):
 
     @abc.abstractmethod
     def fingerprint(self, *, spec: DatasetSpec, run_id: str) -> str:
-        """An order-independent content hash (32 hex digits) of the version's declared
-        columns: the same multiset of rows gives the same value, an extra copy of a row
-        or a changed value a different one. Comparable within one backend only."""
+        """An order-independent content hash of the version's declared columns, of this
+        backend's `FINGERPRINT_KIND` (hex digits, after "<kind>:" if the kind has a
+        name): the same multiset of rows gives the same value, an extra copy of a row or
+        a changed value a different one. Comparable within one backend and kind only."""
 
     @abc.abstractmethod
     def profile_many(self, *, spec: DatasetSpec, run_ids: Iterable[str]) -> dict[str, VersionNumbers]:

@@ -75,6 +75,7 @@ from backfill_portal.backends.base import (
     WarehouseBackend,
     WarehouseLockTimeout,
     WarehouseUnavailable,
+    fingerprint_kind,
     identifier,
     rounded_measure,
 )
@@ -799,7 +800,8 @@ class SqlWarehouse(WarehouseBackend):
         """The numbers verification compares. A committed version never changes, so
         they are its marker's, taken in the rows' own transaction; a version without
         them (no marker yet, an older marker, another key or measure since) is counted
-        in the database now."""
+        in the database now, and a fingerprint of an earlier kind is taken again in
+        today's, so that two profiles compare whenever their versions were staged."""
         self._ensure_dataset_once(spec)
         marker = self._marker(run_id)
         numbers = (marker.numbers_for(spec) if marker else None) or self._numbers(spec, run_id)
@@ -817,14 +819,13 @@ class SqlWarehouse(WarehouseBackend):
             null_keys=numbers.null_keys,
             duplicate_keys=numbers.duplicate_keys,
             measure_sum=numbers.measure_sum,
-            fingerprint=marker.fingerprint if marker else self._fingerprint(spec, run_id),
+            fingerprint=(marker.fingerprint if marker and fingerprint_kind(marker.fingerprint) == self.FINGERPRINT_KIND
+                         else self._fingerprint(spec, run_id)),
             columns=columns,
         )
 
     def fingerprint(self, *, spec: DatasetSpec, run_id: str) -> str:
-        """An order-independent content hash (32 hex digits) of the version's declared
-        columns: the same multiset of rows gives the same value, an extra copy of a row
-        or a changed value a different one. Comparable within one backend only."""
+        """`WarehouseBackend.fingerprint`, of today's kind, computed now."""
         self._ensure_dataset_once(spec)
         return self._fingerprint(spec, run_id)
 

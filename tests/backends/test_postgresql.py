@@ -215,12 +215,12 @@ def test_attaching_a_published_version_does_not_scan_it(pg_wh_url):
 # -- the fingerprint's definition stays the stored markers' -------------------------------
 
 
-def test_the_fingerprint_is_the_rounded_row_hash_markers_were_made_with(pg_wh_url):
-    """Markers already stored hold sums of hash_record_extended over the rows with every
-    numeric rounded to the sixth decimal; the marker's one-pass fingerprint (which skips
-    the round for a value with at most six decimals) must still give those sums, for
-    values with fewer decimals, trailing zeros and more than six, so old and new
-    versions of the same rows compare equal."""
+def test_the_fingerprint_is_the_sum_of_rounded_row_hashes(pg_wh_url):
+    """A fingerprint of kind "v2" is the sum, modulo 2**64, of hash_record_extended over
+    the rows with every numeric rounded to the sixth decimal. The marker's scan skips the
+    round for a value with at most six decimals and may sum in parallel workers: it must
+    still give that sum, for values with fewer decimals, trailing zeros and more than
+    six, and so must `fingerprint`."""
     from decimal import Decimal
 
     wh = make_warehouse(pg_wh_url)
@@ -229,10 +229,25 @@ def test_the_fingerprint_is_the_rounded_row_hash_markers_were_made_with(pg_wh_ur
     rows = [r[:3] + (amount,) + r[4:] for r, amount in zip(order_rows(len(amounts)), amounts)]
     marker = stage(wh, "run-1", rows)
     values = ", ".join(f'round("{c.name}", 6)' if c.type == "numeric" else f'"{c.name}"' for c in ORDERS.columns)
-    high, low = wh.query(
-        "SELECT COALESCE(SUM(h), 0), COALESCE(SUM(h # (h >> 29) # (h << 17)), 0) FROM "
-        f'(SELECT hash_record_extended(ROW({values}), 0) AS h FROM "{wh.version_table(ORDERS, "run-1")}" '
-        "OFFSET 0) AS r")[0]
+    (total,) = wh.query(f'SELECT SUM(hash_record_extended(ROW({values}), 0)) FROM "{wh.version_table(ORDERS, "run-1")}"')[0]
 
-    assert marker.fingerprint == f"{int(high) % 2**64:016x}{int(low) % 2**64:016x}"
+    assert marker.fingerprint == f"v2:{int(total) % 2**64:016x}"
     assert marker.fingerprint == wh.fingerprint(spec=ORDERS, run_id="run-1")
+
+
+def test_a_marker_of_an_earlier_fingerprint_kind_is_fingerprinted_again_when_profiled(pg_wh_url):
+    """A version staged before the fingerprint became "v2" keeps its marker's bare-hex
+    fingerprint; `profile`, which verification compares, gives today's kind for it, so
+    it equals a version of the same rows staged now (and differs from other rows')."""
+    wh = make_warehouse(pg_wh_url)
+    stage(wh, "run-old", order_rows(20))
+    stage(wh, "run-new", order_rows(20))
+    stage(wh, "run-other", order_rows(20, seed=2))
+    wh.execute("""UPDATE "_bf_markers" SET "fingerprint" = '0123456789abcdef0123456789abcdef' WHERE "run_id" = ?""",
+               ("run-old",))
+    assert wh.marker("run-old").fingerprint == "0123456789abcdef0123456789abcdef"
+
+    old, new, other = (wh.profile(spec=ORDERS, run_id=r).fingerprint for r in ("run-old", "run-new", "run-other"))
+
+    assert old == new and old.startswith("v2:")
+    assert other != new
