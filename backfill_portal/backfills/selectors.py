@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import functools
+from datetime import datetime, timezone as dt_timezone
+
+from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
@@ -8,6 +12,7 @@ from backfill_portal.backfills.choices import IntervalStatus, RequestStatus, Ste
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, HandoffItem, Interval
 from backfill_portal.backfills.policy import steps_decidable_by
 from backfill_portal.core.errors import NotFound
+from backfill_portal.core.roles import Role, has_role, stand_in_with_roles
 
 
 def request_get(request_id) -> BackfillRequest:
@@ -90,8 +95,54 @@ def steps_waiting_for(user):
             .order_by("request_id", "id"))
 
 
-def handoffs_waiting_for(user):
-    """Hand-off items this user (a downstream owner) still has time to decide."""
-    return (HandoffItem.objects.filter(owner=user, status=HandoffItem.Status.PENDING, deadline__gte=timezone.now())
+def handoffs_waiting_for(user, *, now: datetime | None = None):
+    """Hand-off items this user (a downstream owner) still has time to decide (at `now`)."""
+    return (HandoffItem.objects.filter(owner=user, status=HandoffItem.Status.PENDING,
+                                       deadline__gte=now or timezone.now())
             .select_related("request__job__dataset", "request__requested_by", "job__dataset")
             .order_by("deadline", "id"))
+
+
+def waiting_count(user) -> int:
+    """How many approval steps and hand-off items wait for this user: the length of
+    `steps_waiting_for` plus `handoffs_waiting_for`, in one statement (a UNION ALL of
+    the two id lists, counted by the database).
+
+    Every page's navigation shows it, so the statement is those two querysets' own
+    SQL, compiled once per process (per database, for admins and for others) with
+    stand-ins for the user and the time, put in their places on each call: compiling
+    it took ~3-7 ms of every page, running it ~0.1 ms."""
+    sql, params, user_slots, now_slots = _waiting_count_statement(connection.alias, has_role(user, Role.ADMIN))
+    bound = list(params)
+    now = _deadline_param(timezone.now())
+    for i in user_slots:
+        bound[i] = user.pk
+    for i in now_slots:
+        bound[i] = now
+    with connection.cursor() as cursor:
+        cursor.execute(sql, bound)
+        return int(cursor.fetchone()[0])
+
+
+# Stand-ins no real user id or time equals, found again among the compiled params.
+_STAND_IN_USER = -7_351_002
+_STAND_IN_NOW = datetime(1901, 2, 3, 4, 5, 6, 789, tzinfo=dt_timezone.utc)
+
+
+def _deadline_param(value: datetime):
+    return HandoffItem._meta.get_field("deadline").get_db_prep_value(value, connection, prepared=False)
+
+
+@functools.lru_cache(maxsize=8)
+def _waiting_count_statement(alias: str, admin: bool) -> tuple[str, tuple, tuple[int, ...], tuple[int, ...]]:
+    """(sql, params, where the user's id goes, where the time goes) of `waiting_count`."""
+    stand_in = stand_in_with_roles(get_user_model()(pk=_STAND_IN_USER), {Role.ADMIN} if admin else set())
+    steps = steps_waiting_for(stand_in).order_by().values_list("pk")
+    handoffs = handoffs_waiting_for(stand_in, now=_STAND_IN_NOW).order_by().values_list("pk")
+    inner, params = steps.union(handoffs, all=True).query.sql_with_params()
+    now = _deadline_param(_STAND_IN_NOW)
+    user_slots = tuple(i for i, p in enumerate(params) if p == _STAND_IN_USER)
+    now_slots = tuple(i for i, p in enumerate(params) if p == now)
+    if len(now_slots) != 1 or not user_slots:
+        raise RuntimeError(f"waiting_count: the compiled statement's params are not as expected: {params!r}")
+    return f"SELECT COUNT(*) FROM ({inner}) AS waiting", tuple(params), user_slots, now_slots

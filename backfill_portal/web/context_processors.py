@@ -5,17 +5,15 @@ from __future__ import annotations
 from functools import cache
 
 from backfill_portal.backfills.policy import may_create
-from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
+from backfill_portal.backfills.selectors import waiting_count
 
 
 def inbox_count(user) -> int | None:
-    """How many approval steps and hand-off items wait for this user, in one query
-    (a UNION ALL of the two id lists, counted by the database)."""
+    """How many approval steps and hand-off items wait for this user (None: nobody is
+    signed in), in one query (`waiting_count`)."""
     if not getattr(user, "is_authenticated", False):
         return None
-    steps = steps_waiting_for(user).order_by().values_list("pk")
-    handoffs = handoffs_waiting_for(user).order_by().values_list("pk")
-    return steps.union(handoffs, all=True).count()
+    return waiting_count(user)
 
 
 def navigation(request) -> dict:

@@ -215,3 +215,30 @@ def test_the_home_lists_the_handoff_and_the_inbox_count_of_its_owner_and_nothing
     assert '<span id="nav-inbox-count" class="badge">1<' in sam
     oscar = web("oscar").get(reverse("home")).content.decode()
     assert "Hand-offs for you" not in oscar and 'id="nav-inbox-count" class="badge badge-zero">0<' in oscar
+
+
+def test_the_navigation_count_is_the_length_of_what_the_inbox_lists_for_every_persona(
+        web, cascade, handoff, make_request, personas):
+    """The badge's count is one statement compiled once per process (waiting_count):
+    it must stay the length of the two querysets the inbox lists, for an owner with
+    steps, one with a hand-off, an admin (the admin steps, never of their own
+    requests), nobody's, and once a hand-off's deadline has passed."""
+    from datetime import timedelta
+
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for, waiting_count
+
+    make_request("pending", requester="olivia")  # olivia owns the dataset: an admin step
+    users = [*personas.values(), get_user_model().objects.get(username="admin")]
+
+    def expected(user):
+        return steps_waiting_for(user).count() + handoffs_waiting_for(user).count()
+
+    counts = {u.username: waiting_count(u) for u in users}
+    assert counts == {u.username: expected(u) for u in users}
+    assert counts["olivia"] >= 1 and counts["sam"] >= 2 and counts["admin"] >= 1 and counts["audrey"] == 0
+
+    HandoffItem.objects.filter(pk=handoff.pk).update(deadline=timezone.now() - timedelta(minutes=1))
+    assert waiting_count(personas["sam"]) == counts["sam"] - 1 == expected(personas["sam"])
