@@ -564,6 +564,29 @@ class WarehouseBackend(abc.ABC):
         """A parenthesised subquery over a *source* dataset's rows whose `time_column`
         is in [start, end)."""
 
+    # -- sources: tables the portal reads and does not produce --------------------------
+
+    @abc.abstractmethod
+    def load_source(self, *, spec: DatasetSpec, rows: Any, time_column: str = "", load_key: str | None = None,
+                    replace: bool = False) -> int:
+        """Create the source table `spec.name` (its declared columns, nothing of the
+        portal's own) if missing and append `rows`: sequences in `spec.columns` order of
+        values `ColumnSpec.parser` takes, or a pyarrow Table / RecordBatch with those
+        columns (the bulk path). All or nothing; returns the rows written. `source_sql`
+        reads the table afterwards, by `time_column` (indexed or laid out for that).
+
+        `load_key` makes a load idempotent: a key this source has recorded writes
+        nothing and returns 0; otherwise the key is recorded with the rows, atomically
+        (of two loaders of one key, one writes). `replace`: the table's earlier rows and
+        recorded keys are dropped in the same transaction, so readers see the old rows
+        or the new ones. A name a produced dataset has, or a value its column cannot
+        store: ValidationError, nothing written."""
+
+    @abc.abstractmethod
+    def source_loads(self, name: str) -> dict[str, int] | None:
+        """{load_key: rows} of the keyed loads of source `name`; None when the
+        warehouse has no such source table."""
+
     # -- the engine: SQL that jobs and checks run ---------------------------------------
 
     @abc.abstractmethod

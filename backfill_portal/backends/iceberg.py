@@ -67,6 +67,8 @@ logger = logging.getLogger(__name__)
 MARKER_FILE = "_bf_marker.json"
 LOCK_FILE = "_bf_writer.lock"
 POINTER_PREFIX = "bf.current."
+SOURCE_PROPERTY = "bf.source"  # a source table's (load_source); a produced dataset's has bf.partition-column
+LOAD_PREFIX = "bf.load."  # + load key = rows: the keyed loads of a source, set in their commit
 NAMESPACE = "backfill"
 # The catalog's name in pyiceberg's tables (a reader opens SqlCatalog under it).
 CATALOG_NAME = "backfill"
@@ -1105,6 +1107,119 @@ class IcebergWarehouse(WarehouseBackend):
         source = self._files_source(files, columns, [n for n, _ in columns])
         return (f"(SELECT * FROM {source} AS s WHERE {_quote(time_column)} >= {self.ts_literal(start)} "
                 f"AND {_quote(time_column)} < {self.ts_literal(end)})")
+
+    # -- sources --------------------------------------------------------------------------
+
+    def source_loads(self, name: str) -> dict[str, int] | None:
+        table = self._load(name)
+        if table is None or table.metadata.properties.get(SOURCE_PROPERTY) != "true":
+            return None
+        return {key.removeprefix(LOAD_PREFIX): int(n) for key, n in table.metadata.properties.items()
+                if key.startswith(LOAD_PREFIX)}
+
+    def _source_arrow(self, spec: DatasetSpec, rows: Any, schema):
+        """`rows` as an Arrow table of `schema` (the declared columns' Iceberg types)."""
+        import pyarrow as pa
+
+        if isinstance(rows, pa.RecordBatch):
+            rows = pa.Table.from_batches([rows])
+        if isinstance(rows, pa.Table):
+            missing = [c.name for c in spec.columns if c.name not in rows.schema.names]
+            if missing:
+                raise ValidationError(f"{spec.name}: the rows have no column {missing[0]!r}", field=missing[0])
+            arrays = []
+            for field, col in zip(schema, spec.columns):
+                array = rows.column(col.name)
+                try:
+                    if col.type == "timestamp" and pa.types.is_timestamp(array.type) and array.type.tz is None:
+                        raise TypeError("a naive timestamp; give it a timezone")
+                    arrays.append(array.cast(field.type))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError) as exc:
+                    raise ValidationError(f"{spec.name}.{col.name}: cannot store its values as {col.type}: {exc}",
+                                          field=col.name) from exc
+            return pa.Table.from_arrays(arrays, schema=schema)
+        converters = [_converter(c) for c in spec.columns]
+        values = []
+        for row in rows:
+            try:
+                values.append(tuple(convert(v) for convert, v in zip(converters, row)))
+            except (TypeError, ValueError, ArithmeticError) as exc:
+                for col, convert, v in zip(spec.columns, converters, row):
+                    try:
+                        convert(v)
+                    except (TypeError, ValueError, ArithmeticError):
+                        raise ValidationError(f"{spec.name}.{col.name}: cannot store {v!r} as {col.type}: {exc}",
+                                              field=col.name) from exc
+                raise
+        columns = list(zip(*values)) if values else [[] for _ in spec.columns]
+        return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(columns, schema)], schema=schema)
+
+    def load_source(self, *, spec: DatasetSpec, rows: Any, time_column: str = "", load_key: str | None = None,
+                    replace: bool = False) -> int:
+        """A source is an Iceberg table of the namespace (`bf.source=true`), unpartitioned:
+        each load is one commit (an append, or with `replace` an overwrite of every row)
+        whose data files' column statistics prune `source_sql`'s scan by the time column;
+        manifests are merged as they accumulate. The load key is a table property set in
+        the same commit, so a lost race (CommitFailedException) re-checks it."""
+        from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
+        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+        from pyiceberg.schema import Schema
+        from pyiceberg.types import NestedField
+
+        self._ident(spec.name)
+        if time_column and time_column not in spec.column_names:
+            raise ValidationError(f"{spec.name}: no column {time_column!r} to read by", field="time_column")
+        if load_key is not None and (not isinstance(load_key, str) or not load_key):
+            raise ValidationError("load_key must be a non-empty string", field="load_key")
+        schema = Schema(*(NestedField(i, c.name, _iceberg_type(c.type), required=False)
+                          for i, c in enumerate(spec.columns, start=1)))
+        data = self._source_arrow(spec, rows, schema_to_pyarrow(schema))
+        for _ in range(50):
+            table = self._load(spec.name)
+            if table is None:
+                try:
+                    self.catalog.create_table(
+                        self._ident(spec.name), schema=schema, location=f"file://{self.table_location(spec.name)}",
+                        properties={SOURCE_PROPERTY: "true", "commit.retry.num-retries": "0",
+                                    "commit.manifest-merge.enabled": "true",
+                                    "commit.manifest.min-count-to-merge": "8",
+                                    "schema.name-mapping.default": schema.name_mapping.model_dump_json()})
+                except TableAlreadyExistsError:
+                    pass
+                continue
+            properties = table.metadata.properties
+            if properties.get(SOURCE_PROPERTY) != "true":
+                raise ValidationError(f"{spec.name!r} is a produced dataset's table, not a source", field="source")
+            if not replace and load_key is not None and LOAD_PREFIX + load_key in properties:
+                return 0
+            present = {f.name: _logical_type(f.field_type) for f in table.schema().fields}
+            for col in spec.columns:
+                if col.name in present and present[col.name] != col.type:
+                    raise ValidationError(f"{spec.name}.{col.name} is stored as {present[col.name]}; it cannot "
+                                          f"become {col.type}", field=col.name)
+            try:
+                with table.transaction() as txn:
+                    missing = [c for c in spec.columns if c.name not in present]
+                    if missing:
+                        with txn.update_schema() as update:
+                            for col in missing:
+                                update.add_column(col.name, _iceberg_type(col.type))
+                        txn.set_properties({"schema.name-mapping.default":
+                                            txn.table_metadata.schema().name_mapping.model_dump_json()})
+                    if replace:
+                        old_keys = [k for k in properties if k.startswith(LOAD_PREFIX)]
+                        if old_keys:
+                            txn.remove_properties(*old_keys)
+                        txn.overwrite(data, overwrite_filter=AlwaysTrue())
+                    elif data.num_rows:
+                        txn.append(data)
+                    if load_key is not None:
+                        txn.set_properties({LOAD_PREFIX + load_key: str(data.num_rows)})
+            except CommitFailedException:
+                continue
+            return data.num_rows
+        raise WarehouseLockTimeout(f"{spec.name}: 50 loads lost their commit to concurrent ones in a row")
 
     # -- the engine ---------------------------------------------------------------------
 

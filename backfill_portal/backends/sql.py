@@ -88,6 +88,7 @@ __all__ = ["FLUSH_SECONDS", "SqlWarehouse"]
 # A staging transaction writes what it has at least this often while rows come slowly.
 FLUSH_SECONDS = 5.0
 _META_TABLES = ("_bf_current", "_bf_publications", "_bf_markers")
+SOURCE_LOADS = "_bf_source_loads"  # the keyed loads of sources (load_source)
 # Marker columns added after the first release, with their logical types.
 _MARKER_NUMBERS = {"null_keys": "integer", "distinct_keys": "integer", "measure_sum": "numeric", "numbers_of": "text"}
 # Run ids per many-versions query: SQLite caps bound parameters.
@@ -990,6 +991,116 @@ class SqlWarehouse(WarehouseBackend):
         """A source is a plain table of the warehouse, read by its time column."""
         return (f'(SELECT * FROM "{name}" WHERE "{time_column}" >= {self.ts_literal(start)} '
                 f'AND "{time_column}" < {self.ts_literal(end)})')
+
+    # -- sources ------------------------------------------------------------------------
+
+    def _ensure_source_loads(self) -> None:
+        """The keyed loads of sources: `_bf_source_loads`. A warehouse whose demo was
+        loaded before this seam recorded its days in `_bf_demo_loaded`; they become the
+        loads of their sources (keyed by the day, as the demo keys them now)."""
+        if self.table_exists(SOURCE_LOADS):
+            return
+        text, integer = self._physical("text"), self._physical("integer")
+        with self.transaction():
+            self._lock("meta")
+            self.execute(f"""CREATE TABLE IF NOT EXISTS "{SOURCE_LOADS}" ("source" {text} NOT NULL,
+                "load_key" {text} NOT NULL, "row_count" {integer} NOT NULL, PRIMARY KEY ("source", "load_key"))""")
+            if self.table_exists("_bf_demo_loaded"):
+                self.execute(f'INSERT INTO "{SOURCE_LOADS}" ("source", "load_key", "row_count") '
+                             'SELECT dataset, day, row_count FROM "_bf_demo_loaded" ON CONFLICT DO NOTHING')
+
+    def source_loads(self, name: str) -> dict[str, int] | None:
+        identifier(name, what="source", max_length=MAX_DATASET_NAME)
+        if not self.table_exists(name) or self._is_reader_table(name):
+            return None
+        self._ensure_source_loads()
+        return {key: int(n) for key, n in self.query(
+            f'SELECT "load_key", "row_count" FROM "{SOURCE_LOADS}" WHERE "source" = ?', (name,))}
+
+    def _source_values(self, spec: DatasetSpec, rows: Any) -> list[tuple]:
+        """`rows` (sequences, or Arrow) as this engine's parameter tuples. Arrow is
+        converted a column at a time: timestamps formatted by Arrow as this engine
+        stores them (SQLite's `ts()` text; for PostgreSQL's COPY, text with +00)."""
+        converters = [self._converter(col) for col in spec.columns]
+        if not (hasattr(rows, "schema") and hasattr(rows, "column")):
+            return [self._convert_row(spec, converters, row) for row in rows]
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        missing = [c.name for c in spec.columns if c.name not in rows.schema.names]
+        if missing:
+            raise ValidationError(f"{spec.name}: the rows have no column {missing[0]!r}", field=missing[0])
+        ts_format = "%Y-%m-%d %H:%M:%S" + ("" if self.dialect == "sqlite" else "+00")
+        columns = []
+        for col, convert in zip(spec.columns, converters):
+            array = rows.column(col.name)
+            kind = array.type
+            if col.type == "timestamp" and pa.types.is_timestamp(kind) and kind.tz is not None:
+                seconds = pc.cast(array, pa.timestamp("s", tz="UTC"), safe=False)
+                columns.append(pc.strftime(seconds, format=ts_format).to_pylist())
+            elif ((col.type == "text" and pa.types.is_string(kind)) or (col.type == "integer" and pa.types.is_int64(kind))
+                  or (col.type == "numeric" and pa.types.is_float64(kind))):
+                columns.append(array.to_pylist())
+            else:
+                try:
+                    columns.append([convert(v) for v in array.to_pylist()])
+                except (TypeError, ValueError, ArithmeticError) as exc:
+                    raise ValidationError(f"{spec.name}.{col.name}: cannot store a value as {col.type}: {exc}",
+                                          field=col.name) from exc
+        return list(zip(*columns))
+
+    def load_source(self, *, spec: DatasetSpec, rows: Any, time_column: str = "", load_key: str | None = None,
+                    replace: bool = False) -> int:
+        identifier(spec.name, what="source", max_length=MAX_DATASET_NAME)
+        if time_column and time_column not in spec.column_names:
+            raise ValidationError(f"{spec.name}: no column {time_column!r} to read by", field="time_column")
+        values = self._source_values(spec, rows)  # refuses bad values before anything is written
+        table, names = _quote(spec.name), [_quote(c) for c in spec.column_names]
+        self._ensure_source_loads()
+        with self.transaction():
+            self._lock(f"source:{spec.name}")
+            kind = self._relation_kind(spec.name)
+            if kind == "view" or (kind is not None and self._is_reader_table(spec.name)):
+                raise ValidationError(f"{spec.name!r} is a produced dataset's table, not a source", field="source")
+            if replace:
+                self.execute(f"DROP TABLE IF EXISTS {table}")
+                self.execute(f'DELETE FROM "{SOURCE_LOADS}" WHERE "source" = ?', (spec.name,))
+            elif load_key is not None and self.query(
+                    f'SELECT 1 FROM "{SOURCE_LOADS}" WHERE "source" = ? AND "load_key" = ?', (spec.name, load_key)):
+                return 0
+            present = self._columns_of(spec.name)
+            if not present:
+                self.execute(f"CREATE TABLE {table} (" + ", ".join(
+                    f"{_quote(c.name)} {self._physical(c.type)}" for c in spec.columns) + ")")
+            for col in spec.columns:
+                if present and col.name not in present:
+                    self.execute(f"ALTER TABLE {table} ADD COLUMN {_quote(col.name)} {self._physical(col.type)}")
+            if time_column:
+                self.execute(f"CREATE INDEX IF NOT EXISTS {_quote(_index_name(spec.name, [time_column]))} "
+                             f"ON {table} ({_quote(time_column)})")
+            if load_key is not None:
+                # The key's row first: a concurrent loader of the same key waits on it
+                # (PostgreSQL; SQLite's BEGIN IMMEDIATE), then finds it taken.
+                if self.execute(f'INSERT INTO "{SOURCE_LOADS}" ("source", "load_key", "row_count") VALUES (?, ?, ?) '
+                                'ON CONFLICT DO NOTHING', (spec.name, load_key, len(values))) != 1:
+                    return 0
+            if self.dialect == "sqlite":
+                self._insert_values(table, names, values)
+            else:
+                self.bulk_insert(table, names, values)
+        return len(values)
+
+    def _insert_values(self, table: str, columns: list[str], rows: list[tuple]) -> None:
+        """Multi-row VALUES, SOURCE_BATCH rows a statement: on SQLite, executemany pays a
+        step/reset round per row. Full batches share one cached statement."""
+        row_sql = "(" + ", ".join("?" * len(columns)) + ")"
+        head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+        batch_size = max(1, 2500 // max(1, len(columns)))
+        full = head + ", ".join([row_sql] * batch_size)
+        for i in range(0, len(rows), batch_size):
+            batch = rows[i:i + batch_size]
+            statement = full if len(batch) == batch_size else head + ", ".join([row_sql] * len(batch))
+            self.execute(statement, [value for row in batch for value in row])
 
     # -- internals --------------------------------------------------------------------
 
