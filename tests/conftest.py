@@ -460,17 +460,35 @@ def warehouse_databases():
     pool.drop_all()
 
 
+def iceberg_url(tmp_path) -> str:
+    """An Iceberg warehouse under `tmp_path`: pyiceberg's SQL catalog in a SQLite file."""
+    return f"iceberg+sqlite:///{tmp_path / 'catalog.db'}?warehouse={tmp_path / 'iceberg'}"
+
+
+#: A test that concerns the warehouse runs on the pass's warehouse (SQLite, or CI's
+#: PostgreSQL) and on an Iceberg one (issue #18): `warehouse_url`'s fixture option.
+ALSO_ON_ICEBERG = pytest.mark.parametrize("warehouse_url", ["default", "iceberg"], indirect=True)
+
+
 @pytest.fixture
-def warehouse_url(settings, tmp_path, warehouse_databases):
+def warehouse_url(request, settings, tmp_path, warehouse_databases):
+    """The test's warehouse; parametrised indirectly with "iceberg" (ALSO_ON_ICEBERG), an
+    Iceberg warehouse under tmp_path whatever the pass's warehouse is."""
     from backfill_portal.backends import reset_warehouse_cache
 
-    url = warehouse_databases.take() if warehouse_databases else f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
+    pool = None if getattr(request, "param", "default") == "iceberg" else warehouse_databases
+    if pool:
+        url = pool.take()
+    elif getattr(request, "param", "default") == "iceberg":
+        url = iceberg_url(tmp_path)
+    else:
+        url = f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
     settings.WAREHOUSE_URL = url
     reset_warehouse_cache()
     yield url
     reset_warehouse_cache()  # closes this thread's connections
-    if warehouse_databases:
-        warehouse_databases.give_back(url)
+    if pool:
+        pool.give_back(url)
 
 
 @pytest.fixture

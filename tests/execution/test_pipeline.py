@@ -24,6 +24,7 @@ from backfill_portal.execution.services import runs as runs_service
 from backfill_portal.execution.services.dispatch import dispatch_all, request_retry_failed
 from backfill_portal.warehouse.models import Consumption, Publication, Version
 from backfill_portal.catalog.specs import spec_for
+from tests.conftest import ALSO_ON_ICEBERG
 from tests.execution import jobs as test_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,9 +44,9 @@ def approved_request(personas, job="dwd_order_items", start="2022-10-01", end="2
 
 def expected_latest_items(warehouse, run):
     """What dwd_order_items must hold for an interval, computed independently."""
-    rows = warehouse.query_dicts(
-        "SELECT * FROM ods_order_events WHERE event_time >= ? AND event_time < ?",
-        (warehouse.ts(run.data_interval_start), warehouse.ts(run.data_interval_end)))
+    events = warehouse.source_sql(name="ods_order_events", time_column="event_time",
+                                  start=run.data_interval_start, end=run.data_interval_end)
+    rows = warehouse.query_dicts(f"SELECT * FROM {events} AS e")
     latest = {}
     for r in rows:
         if r["item_id"] is None:
@@ -66,6 +67,7 @@ def ready(catalog, demo_sources, task_queue, warehouse):
     return task_queue
 
 
+@ALSO_ON_ICEBERG
 def test_approved_request_publishes_every_interval_with_exactly_the_expected_rows(personas, ready, warehouse):
     request = approved_request(personas)
     assert request.status == RequestStatus.RUNNING
@@ -91,6 +93,7 @@ def test_approved_request_publishes_every_interval_with_exactly_the_expected_row
     assert {"run.created", "run.running", "run.staged", "run.verifying", "run.verified", "run.published"} <= actions
 
 
+@ALSO_ON_ICEBERG
 def test_rerun_ten_times_never_changes_the_published_fingerprint(personas, ready, warehouse):
     fingerprints, counts = set(), set()
     for i in range(10):
@@ -110,6 +113,7 @@ def test_rerun_ten_times_never_changes_the_published_fingerprint(personas, ready
     assert Run.objects.filter(status=RunStatus.SUPERSEDED).count() == 9
 
 
+@ALSO_ON_ICEBERG
 def test_attempt_that_dies_after_writing_92_percent_is_retried_into_an_exact_partition(personas, ready, warehouse):
     test_jobs.CRASH.update(after_fraction=0.92, times=1)
     request = approved_request(personas, job="dwd_order_items_py", start="2022-10-01", end="2022-10-01")
@@ -129,6 +133,7 @@ def test_attempt_that_dies_after_writing_92_percent_is_retried_into_an_exact_par
     assert profile.duplicate_keys == 0 and profile.row_count == len(expected)
 
 
+@ALSO_ON_ICEBERG
 def test_committed_but_not_acknowledged_publishes_once_without_writing_again(personas, ready, warehouse, monkeypatch):
     """The rows and marker commit, the worker dies before recording success; the sweeper
     marks the attempt lost; the next attempt sees the marker and does not write again."""
@@ -198,6 +203,7 @@ def test_stale_attempt_is_fenced_its_heartbeat_and_result_refused(personas, read
     assert Publication.objects.filter(version__run=run).count() == 1
 
 
+@ALSO_ON_ICEBERG
 def test_failed_blocking_check_leaves_the_previous_version_visible(personas, ready, warehouse, catalog):
     first = approved_request(personas, start="2022-10-01", end="2022-10-01")
     ready.drain()
@@ -223,6 +229,7 @@ def test_failed_blocking_check_leaves_the_previous_version_visible(personas, rea
     assert second.status == RequestStatus.FAILED
 
 
+@ALSO_ON_ICEBERG
 def test_a_publish_interrupted_after_the_pointer_switch_is_finished_not_repeated(personas, ready, warehouse,
                                                                                  monkeypatch):
     from backfill_portal.execution.services import verify as verify_service
@@ -251,6 +258,7 @@ def test_a_publish_interrupted_after_the_pointer_switch_is_finished_not_repeated
     assert history.count(run.run_id) == 1  # switched once, not again
 
 
+@ALSO_ON_ICEBERG
 def test_side_effect_authorised_in_two_overlapping_requests_delivers_once(personas, ready, warehouse):
     dwd = approved_request(personas, start="2022-10-01", end="2022-10-01")
     ready.drain()
@@ -401,6 +409,7 @@ def test_template_that_fails_to_render_fails_the_attempt_with_the_error_stored(p
     assert warehouse.current("dwd_order_items", "2022-10-01") is None
 
 
+@ALSO_ON_ICEBERG
 def test_downstream_pins_the_upstream_versions_it_read(personas, ready, warehouse):
     approved_request(personas, start="2022-10-01", end="2022-10-01")
     ready.drain()
@@ -421,6 +430,7 @@ def test_downstream_pins_the_upstream_versions_it_read(personas, ready, warehous
     assert measure.observed["version"] == pytest.approx(float(total), abs=0.01)
 
 
+@ALSO_ON_ICEBERG
 def test_a_rollup_whose_measure_disagrees_with_its_source_is_not_published(personas, ready, warehouse):
     from backfill_portal.catalog.services.sync import catalog_sync
     from tests.conftest import TEST_CATALOG

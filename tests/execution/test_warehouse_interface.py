@@ -5,6 +5,7 @@ warehouse member the interface does not have."""
 from __future__ import annotations
 
 import ast
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,15 @@ from backfill_portal.backfills.services.requests import (
 )
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import CheckResult, Delivery, Run
+from backfill_portal.web.demo.sources import load_demo_sources
+from tests.conftest import ALSO_ON_ICEBERG
 from tests.execution.interface_only import ATTRIBUTES, INTERFACE, PREFIX, InterfaceOnlyWarehouse
 
 ROOT = Path(__file__).resolve().parents[2]
-CALLERS = ("backfill_portal/execution/executors", "backfill_portal/execution/checks")
+# The executors and checks, and the demo's loader (its sources go through `load_source`,
+# so the demo runs on every backend, Iceberg included).
+CALLERS = ("backfill_portal/execution/executors", "backfill_portal/execution/checks", "backfill_portal/web/demo",
+           "backfill_portal/web/management/commands")
 
 
 def warehouse_members(path: Path) -> set[tuple[int, str]]:
@@ -36,7 +42,7 @@ def warehouse_members(path: Path) -> set[tuple[int, str]]:
     return found
 
 
-def test_executors_and_checks_name_only_members_of_the_interface():
+def test_executors_checks_and_the_demo_loader_name_only_members_of_the_interface():
     offenders = []
     for folder in CALLERS:
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -61,13 +67,15 @@ def test_the_interface_only_backend_has_no_plain_statements(warehouse_url):
 
 
 @pytest.fixture
-def interface_only(settings, catalog, demo_sources, task_queue, warehouse_url):
-    """Sources loaded through the real backend; then WAREHOUSE_URL names its
-    interface-only wrapper, for everything the pipeline does."""
+def interface_only(settings, catalog, task_queue, warehouse_url):
+    """WAREHOUSE_URL names the real backend's interface-only wrapper, for everything:
+    the demo's sources are loaded through it too (`load_source`)."""
     settings.WAREHOUSE_URL = PREFIX + warehouse_url
     reset_warehouse_cache()
     warehouse = get_warehouse()
     assert isinstance(warehouse, InterfaceOnlyWarehouse)
+    load_demo_sources(warehouse, first=date(2022, 9, 30), last=date(2022, 10, 2), orders_per_day=150,
+                      page_views_per_hour=20)
     yield warehouse
     reset_warehouse_cache()
 
@@ -83,6 +91,7 @@ def run_request(personas, queue, job: str, approver: str, **kwargs) -> Run:
     return Run.objects.get(request=request)
 
 
+@ALSO_ON_ICEBERG
 @pytest.mark.django_db(transaction=True)
 def test_every_built_in_kind_runs_through_the_interface_alone(personas, interface_only, task_queue):
     sql = run_request(personas, task_queue, "dwd_order_items", "olivia")

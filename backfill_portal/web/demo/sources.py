@@ -11,9 +11,11 @@ Two plain, unversioned source tables that jobs read directly:
   local day, so the DST days have 23 or 25 hours of data.
 
 Data for one (dataset, local day) depends only on the seed and the day, never on the
-range being loaded, and every loaded day is recorded in `_bf_demo_loaded` in the same
-transaction as its rows: loading is idempotent and a wider range adds only the missing
-days. Same seed => byte-identical rows.
+range being loaded. Everything goes through the warehouse interface's source seam
+(`WarehouseBackend.load_source`, `source_loads`, `source_sql`, `query`), so the demo
+runs on every backend, Iceberg included: each day is one load keyed by the day, recorded
+with its rows, so loading is idempotent and a wider range adds only the missing days.
+Same seed => identical rows.
 """
 from __future__ import annotations
 
@@ -27,12 +29,11 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo
 
-from backfill_portal.backends import make_warehouse
-from backfill_portal.backends.sql import SqlWarehouse
+from backfill_portal.backends.base import DatasetSpec, WarehouseBackend
 
 ORDER_EVENTS = "ods_order_events"
 PAGE_EVENTS = "ods_page_events"
-LOADED_TABLE = "_bf_demo_loaded"
+TIME_COLUMN = "event_time"
 
 ORDER_TZ = ZoneInfo("Asia/Shanghai")
 PAGE_TZ = ZoneInfo("America/New_York")
@@ -42,6 +43,12 @@ ORDER_COLUMNS = (
     "event_time", "updated_at", "ingested_at",
 )
 PAGE_COLUMNS = ("event_id", "page", "visitor_id", "event_time", "ingested_at")
+_TYPES = {"amount": "numeric", "event_time": "timestamp", "updated_at": "timestamp", "ingested_at": "timestamp"}
+# The source tables as the demo catalog declares them (web/demo/catalog.yaml).
+SPECS = {
+    name: DatasetSpec(name=name, columns=tuple((c, _TYPES.get(c, "text")) for c in columns), business_key=("event_id",))
+    for name, columns in ((ORDER_EVENTS, ORDER_COLUMNS), (PAGE_EVENTS, PAGE_COLUMNS))
+}
 
 # (category, weight, lowest price, highest price)
 CATEGORIES = (
@@ -76,12 +83,10 @@ NULL_ITEM_RATE = 0.003
 LATE_RATE = 0.02
 SINGLES_DAY_FACTOR = 1.4  # Nov 11; kept inside the catalog's ±50% row band.
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
 
 # -- public API ---------------------------------------------------------------------
 def load_demo_sources(
-    db: SqlWarehouse,
+    db: WarehouseBackend,
     *,
     first: date = date(2022, 9, 1),
     last: date = date(2022, 12, 31),
@@ -95,19 +100,12 @@ def load_demo_sources(
     `progress`, when given, gets one line before the work and one per month loaded
     (the default range takes most of a minute: `make run` says what it is doing).
 
-    A day already recorded in `_bf_demo_loaded` is skipped whatever the other
-    arguments are: drop the tables to regenerate with another seed or scale."""
+    A day already loaded (a load keyed by the day, `source_loads`) is skipped whatever
+    the other arguments are: drop the tables to regenerate with another seed or scale."""
     if last < first:
         raise ValueError("last must not be before first")
-    create_demo_source_tables(db)
     counts = {ORDER_EVENTS: 0, PAGE_EVENTS: 0}
-    loaded = {
-        (dataset, day)
-        for dataset, day in db.query(
-            f"SELECT dataset, day FROM {LOADED_TABLE} WHERE day >= ? AND day <= ?",
-            (first.isoformat(), last.isoformat()),
-        )
-    }
+    loaded = {(dataset, day) for dataset in counts for day in db.source_loads(dataset) or {}}
     todo = []
     day = first
     while day <= last:
@@ -117,8 +115,8 @@ def load_demo_sources(
     if progress is not None and todo:
         progress(f"source data: generating {len(todo)} table-days from {first} to {last} ...")
     left_in_month = Counter(f"{day:%Y-%m}" for _, day in todo)
-    for dataset, day, rows in _generated(db, todo, scale, seed):
-        counts[dataset] += _load_day(db, dataset, day, seed, rows)
+    for dataset, day, rows in _generated(todo, scale, seed):
+        counts[dataset] += _load_day(db, dataset, day, rows)
         month = f"{day:%Y-%m}"
         left_in_month[month] -= 1
         if progress is not None and left_in_month[month] == 0:
@@ -130,33 +128,30 @@ FEED_DAYS_BEHIND = 2
 FEED_DAYS_AHEAD = 1
 
 
-def feed_demo_sources(db: SqlWarehouse, *, now: datetime | None = None, **kwargs) -> dict[str, int]:
+def feed_demo_sources(db: WarehouseBackend, *, now: datetime | None = None, **kwargs) -> dict[str, int]:
     """The demo's live feed: the source days around today (UTC today - 2 .. + 1, which
     holds yesterday and today in both Shanghai and New York), so the scheduler's
     production runs of the latest closed day and hour read real events instead of an
     empty interval. A whole local day is loaded at once, its later hours too: they are
-    read only once they have closed. Idempotent, like every load (`_bf_demo_loaded`)."""
+    read only once they have closed. Idempotent, like every load (keyed by the day)."""
     today = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).date()
     return load_demo_sources(db, first=today - timedelta(days=FEED_DAYS_BEHIND),
                              last=today + timedelta(days=FEED_DAYS_AHEAD), **kwargs)
 
 
-def days_missing(db: SqlWarehouse, *, first: date, last: date) -> int:
+def days_missing(db: WarehouseBackend, *, first: date, last: date) -> int:
     """How many (table, day) pairs of [first, last] are not loaded."""
-    if not demo_sources_loaded(db):
-        return 2 * ((last - first).days + 1)
-    (loaded,), = db.query(f"SELECT COUNT(*) FROM {LOADED_TABLE} WHERE day >= ? AND day <= ?",
-                          (first.isoformat(), last.isoformat()))
-    return 2 * ((last - first).days + 1) - int(loaded)
+    wanted = {(first + timedelta(days=i)).isoformat() for i in range((last - first).days + 1)}
+    return sum(len(wanted - set(db.source_loads(dataset) or {})) for dataset in (ORDER_EVENTS, PAGE_EVENTS))
 
 
-def demo_sources_loaded(db: SqlWarehouse) -> bool:
+def demo_sources_loaded(db: WarehouseBackend) -> bool:
     """Whether this warehouse holds the demo's source tables (`load_demo` ran)."""
-    return db.table_exists(LOADED_TABLE)
+    return db.source_loads(ORDER_EVENTS) is not None
 
 
 def correct_source_day(
-    db: SqlWarehouse,
+    db: WarehouseBackend,
     *,
     day: date,
     factor_category: str,
@@ -167,19 +162,21 @@ def correct_source_day(
     """Insert a handful of late corrections for one Shanghai business day: a new version
     of up to `max_rows` existing items of `factor_category` with a changed amount,
     updated and ingested `now`. Their event_time stays inside the day, so the day's
-    partition changes when recomputed. The event ids derive from (day, category, seed):
-    calling again with the same arguments adds nothing. Returns the rows added."""
+    partition changes when recomputed. The event ids derive from (day, category, seed),
+    and so does the load's key: calling again with the same arguments adds nothing.
+    Returns the rows added."""
     now = now or datetime.now(timezone.utc)
     start, end = local_day_bounds(day, ORDER_TZ)
     id_prefix = f"corr-{day:%Y%m%d}-{factor_category}-s{seed}-"
-    if db.query(f"SELECT 1 FROM {ORDER_EVENTS} WHERE event_id = ?", (id_prefix + "000",)):
+    if id_prefix in (db.source_loads(ORDER_EVENTS) or {}):
         return 0
+    events = db.source_sql(name=ORDER_EVENTS, time_column=TIME_COLUMN, start=start, end=end)
     rows = db.query(
-        f"SELECT order_id, item_id, customer_id, category, amount, status, event_time, updated_at, event_id"
-        f" FROM {ORDER_EVENTS}"
-        f" WHERE event_time >= ? AND event_time < ? AND category = ? AND item_id IS NOT NULL"
-        f" ORDER BY order_id, item_id, updated_at, event_id",
-        (db.ts(start), db.ts(end), factor_category),
+        f"SELECT e.order_id, e.item_id, e.customer_id, e.category, e.amount, e.status, e.event_time,"
+        f" e.updated_at, e.event_id FROM {events} AS e"
+        f" WHERE e.category = ? AND e.item_id IS NOT NULL"
+        f" ORDER BY e.order_id, e.item_id, e.updated_at, e.event_id",
+        (factor_category,),
     )
     latest: dict[tuple[str, str], tuple] = {}
     for row in rows:
@@ -198,51 +195,9 @@ def correct_source_day(
         updated = max(now.astimezone(timezone.utc), _as_utc(updated_at) + timedelta(seconds=1))
         new_rows.append((
             f"{id_prefix}{n:03d}", order_id, item_id, customer_id, category, new_amount, status,
-            db.ts(_as_utc(event_time)), db.ts(updated), db.ts(max(updated, now)),
+            _as_utc(event_time), updated, max(updated, now.astimezone(timezone.utc)),
         ))
-    with db.transaction():
-        db.executemany(_insert_sql(ORDER_EVENTS, ORDER_COLUMNS), new_rows)
-    return len(new_rows)
-
-
-def create_demo_source_tables(db: SqlWarehouse) -> None:
-    if db.dialect == "sqlite":
-        ts_type, amount_type = "TEXT", "REAL"
-    else:
-        ts_type, amount_type = "TIMESTAMPTZ", "NUMERIC(12, 2)"
-    statements = [
-        f"""CREATE TABLE IF NOT EXISTS {ORDER_EVENTS} (
-            event_id TEXT NOT NULL PRIMARY KEY,
-            order_id TEXT NOT NULL,
-            item_id TEXT,
-            customer_id TEXT NOT NULL,
-            category TEXT NOT NULL,
-            amount {amount_type} NOT NULL,
-            status TEXT NOT NULL,
-            event_time {ts_type} NOT NULL,
-            updated_at {ts_type} NOT NULL,
-            ingested_at {ts_type} NOT NULL
-        )""",
-        f"CREATE INDEX IF NOT EXISTS ix_{ORDER_EVENTS}_event_time ON {ORDER_EVENTS} (event_time)",
-        f"""CREATE TABLE IF NOT EXISTS {PAGE_EVENTS} (
-            event_id TEXT NOT NULL PRIMARY KEY,
-            page TEXT NOT NULL,
-            visitor_id TEXT NOT NULL,
-            event_time {ts_type} NOT NULL,
-            ingested_at {ts_type} NOT NULL
-        )""",
-        f"CREATE INDEX IF NOT EXISTS ix_{PAGE_EVENTS}_event_time ON {PAGE_EVENTS} (event_time)",
-        f"""CREATE TABLE IF NOT EXISTS {LOADED_TABLE} (
-            dataset TEXT NOT NULL,
-            day TEXT NOT NULL,
-            seed INTEGER NOT NULL,
-            row_count INTEGER NOT NULL,
-            PRIMARY KEY (dataset, day)
-        )""",
-    ]
-    with db.transaction():
-        for statement in statements:
-            db.execute(statement)
+    return db.load_source(spec=SPECS[ORDER_EVENTS], rows=new_rows, time_column=TIME_COLUMN, load_key=id_prefix)
 
 
 def local_day_bounds(day: date, tz: ZoneInfo) -> tuple[datetime, datetime]:
@@ -256,14 +211,29 @@ def local_day_bounds(day: date, tz: ZoneInfo) -> tuple[datetime, datetime]:
 PARALLEL_MIN_DAYS = 8  # below this, starting a generator process costs more than it saves
 
 
-def _generate_day(url: str, dataset: str, day: date, scale: int, seed: int) -> list[tuple]:
-    db = make_warehouse(url)  # for its dialect and ts(); no connection is opened
+def _generate_day(dataset: str, day: date, scale: int, seed: int):
+    """One day's rows of one source as an Arrow table (the seam's bulk path)."""
     if dataset == ORDER_EVENTS:
-        return _order_rows(db, day, scale, seed)
-    return _page_rows(db, day, scale, seed)
+        return _arrow(ORDER_COLUMNS, _order_rows(day, scale, seed))
+    return _arrow(PAGE_COLUMNS, _page_rows(day, scale, seed))
 
 
-def _generated(db: SqlWarehouse, todo: list[tuple[str, date]], scale: dict[str, int], seed: int):
+def _arrow(columns: tuple[str, ...], rows: list[tuple]):
+    """Rows whose instants are epoch seconds -> an Arrow table of the declared types."""
+    import pyarrow as pa
+
+    values = list(zip(*rows)) if rows else [() for _ in columns]
+    arrays = []
+    for name, column in zip(columns, values):
+        kind = _TYPES.get(name, "text")
+        if kind == "timestamp":
+            arrays.append(pa.array(column, pa.int64()).cast(pa.timestamp("s", tz="UTC")))
+        else:
+            arrays.append(pa.array(column, pa.float64() if kind == "numeric" else pa.string()))
+    return pa.table(arrays, names=list(columns))
+
+
+def _generated(todo: list[tuple[str, date]], scale: dict[str, int], seed: int):
     """Yield (dataset, day, rows) in `todo` order. For a long range the order events,
     the heavy part, are made in a forked child process while this one makes the page
     events and inserts, so the two overlap on a machine with more than one core.
@@ -288,7 +258,7 @@ def _generated(db: SqlWarehouse, todo: list[tuple[str, date]], scale: dict[str, 
             pool = None
     if pool is None:
         for dataset, day in todo:
-            yield dataset, day, _generate_day(db.url, dataset, day, scale[dataset], seed)
+            yield dataset, day, _generate_day(dataset, day, scale[dataset], seed)
         return
     with pool:
         offloaded = iter([item for item in todo if item[0] == ORDER_EVENTS])
@@ -296,7 +266,7 @@ def _generated(db: SqlWarehouse, todo: list[tuple[str, date]], scale: dict[str, 
 
         def submit_next() -> None:
             for dataset, day in itertools.islice(offloaded, 1):
-                ahead.append(pool.submit(_generate_day, db.url, dataset, day, scale[dataset], seed))
+                ahead.append(pool.submit(_generate_day, dataset, day, scale[dataset], seed))
 
         for _ in range(3):  # a few days ahead, so neither process waits; bounded memory
             submit_next()
@@ -305,76 +275,14 @@ def _generated(db: SqlWarehouse, todo: list[tuple[str, date]], scale: dict[str, 
                 rows = ahead.popleft().result()
                 submit_next()
             else:
-                rows = _generate_day(db.url, dataset, day, scale[dataset], seed)
+                rows = _generate_day(dataset, day, scale[dataset], seed)
             yield dataset, day, rows
 
 
-def _load_day(db: SqlWarehouse, dataset: str, day: date, seed: int, rows: list[tuple]) -> int:
-    columns = ORDER_COLUMNS if dataset == ORDER_EVENTS else PAGE_COLUMNS
-    with db.transaction():
-        # Claim the day in the transaction that inserts its rows: a concurrent loader
-        # waits here (PG) or on BEGIN IMMEDIATE (SQLite), then finds the day taken.
-        claimed = db.execute(
-            f"INSERT INTO {LOADED_TABLE} (dataset, day, seed, row_count) VALUES (?, ?, ?, ?)"
-            f" ON CONFLICT (dataset, day) DO NOTHING",
-            (dataset, day.isoformat(), seed, len(rows)),
-        )
-        if claimed != 1:
-            return 0
-        _insert_rows(db, dataset, columns, rows)
-    return len(rows)
-
-
-def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
-    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-
-
-INSERT_BATCH = 250  # rows per multi-row INSERT on SQLite: 2,500 parameters, well under the limit
-
-
-def _insert_rows(db: SqlWarehouse, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
-    if db.dialect == "postgresql":
-        _copy_rows(db, table, columns, rows)
-        return
-    # Multi-row VALUES rather than executemany, which on SQLite pays a step/reset
-    # round per row. Full batches share one cached statement.
-    row_sql = "(" + ", ".join("?" * len(columns)) + ")"
-    head = f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
-    full = head + ", ".join([row_sql] * INSERT_BATCH)
-    for i in range(0, len(rows), INSERT_BATCH):
-        batch = rows[i:i + INSERT_BATCH]
-        sql = full if len(batch) == INSERT_BATCH else head + ", ".join([row_sql] * len(batch))
-        db.execute(sql, [value for row in batch for value in row])
-
-
-def _copy_rows(db: SqlWarehouse, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
-    """PostgreSQL bulk path: the backend's bulk insert is COPY there, an order of
-    magnitude faster than executemany."""
-    db.bulk_insert(table, list(columns), rows)
-
-
-_HMS: dict[str, list[str]] = {}
-
-
-def timestamp_formatter(db: SqlWarehouse, day_start: int):
-    """A function of epoch seconds -> the value `db.ts()` stores, for instants from two
-    days before `day_start` to eight days after. Formatting millions of datetimes one
-    by one costs more than the insert itself, so the text is assembled from a per-day
-    prefix (made by `db.ts`) and an HH:MM:SS table. SQLite stores exactly that text;
-    PostgreSQL gets it with a +00 offset through COPY, which parses it as timestamptz."""
-    suffix = "" if db.dialect == "sqlite" else "+00"
-    hms = _HMS.get(suffix)
-    if hms is None:
-        hms = _HMS[suffix] = [
-            f"{h:02d}:{m:02d}:{s:02d}{suffix}" for h in range(24) for m in range(60) for s in range(60)
-        ]
-    base = day_start // 86400 - 2
-    days = [db.ts(_EPOCH + timedelta(days=base + i)) for i in range(11)]
-    if db.dialect == "sqlite":
-        prefixes = [value[:11] for value in days]
-    else:
-        prefixes = [value.strftime("%Y-%m-%d ") for value in days]
-    return lambda epoch: prefixes[epoch // 86400 - base] + hms[epoch % 86400]
+def _load_day(db: WarehouseBackend, dataset: str, day: date, rows) -> int:
+    """One load keyed by the day: a concurrent loader of the same day writes nothing
+    (the backend records the key with the rows, atomically)."""
+    return db.load_source(spec=SPECS[dataset], rows=rows, time_column=TIME_COLUMN, load_key=day.isoformat())
 
 
 def _as_utc(value) -> datetime:
@@ -410,7 +318,7 @@ def _padded(n: int) -> list[str]:
     return _PADDED
 
 
-def _order_rows(db: SqlWarehouse, day: date, orders_per_day: int, seed: int) -> list[tuple]:
+def _order_rows(day: date, orders_per_day: int, seed: int) -> list[tuple]:
     rng = random.Random(f"{seed}:{ORDER_EVENTS}:{day.isoformat()}")
     rand = rng.random
     start, end = local_day_bounds(day, ORDER_TZ)
@@ -478,7 +386,6 @@ def _order_rows(db: SqlWarehouse, day: date, orders_per_day: int, seed: int) -> 
             seq += 1
     events.sort()
 
-    fmt = timestamp_formatter(db, day_start)
     event_prefix = "oe" + ymd + "-"
     not_late = 1.0 - LATE_RATE
     rows = []
@@ -491,14 +398,13 @@ def _order_rows(db: SqlWarehouse, day: date, orders_per_day: int, seed: int) -> 
             ingested = t + 86400 * (1 + int(rand() * 4)) + int(rand() * 86400)
         else:
             ingested = t + 2 + int(rand() * 600)
-        event_time = fmt(t)
         # updated_at is the source row's version stamp, set with the event.
         append((event_prefix + pad[i], order_id, item_id, customer_id, category, cents / 100, status,
-                event_time, event_time, fmt(ingested)))
+                t, t, ingested))
     return rows
 
 
-def _page_rows(db: SqlWarehouse, day: date, views_per_hour: int, seed: int) -> list[tuple]:
+def _page_rows(day: date, views_per_hour: int, seed: int) -> list[tuple]:
     rng = random.Random(f"{seed}:{PAGE_EVENTS}:{day.isoformat()}")
     rand = rng.random
     start, end = local_day_bounds(day, PAGE_TZ)
@@ -506,7 +412,6 @@ def _page_rows(db: SqlWarehouse, day: date, views_per_hour: int, seed: int) -> l
     n_visitors = max(50, views_per_hour * 25)
     pad = _padded(max(n_visitors, views_per_hour * 25 * 3))
     event_prefix = f"pv{day:%Y%m%d}-"
-    fmt = timestamp_formatter(db, day_start)
     rows = []
     append = rows.append
     seq = 0
@@ -521,7 +426,6 @@ def _page_rows(db: SqlWarehouse, day: date, views_per_hour: int, seed: int) -> l
             t = hour_start + seconds[i]
             r = rand()
             lag = 3600 + int(rand() * 5 * 3600) if r < 0.01 else 1 + int(r * 120)  # 1% late by hours
-            append((event_prefix + pad[seq], pages[i], "v" + pad[int(n_visitors * rand() ** 2)],
-                    fmt(t), fmt(t + lag)))
+            append((event_prefix + pad[seq], pages[i], "v" + pad[int(n_visitors * rand() ** 2)], t, t + lag))
             seq += 1
     return rows
