@@ -1007,7 +1007,7 @@ class SqlWarehouse(WarehouseBackend):
                 "load_key" {text} NOT NULL, "row_count" {integer} NOT NULL, PRIMARY KEY ("source", "load_key"))""")
             if self.table_exists("_bf_demo_loaded"):
                 self.execute(f'INSERT INTO "{SOURCE_LOADS}" ("source", "load_key", "row_count") '
-                             'SELECT dataset, day, row_count FROM "_bf_demo_loaded" ON CONFLICT DO NOTHING')
+                             'SELECT dataset, day, row_count FROM "_bf_demo_loaded" WHERE true ON CONFLICT DO NOTHING')
 
     def source_loads(self, name: str) -> dict[str, int] | None:
         identifier(name, what="source", max_length=MAX_DATASET_NAME)

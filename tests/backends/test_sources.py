@@ -13,7 +13,7 @@ import pytest
 from backfill_portal.backends import make_warehouse
 from backfill_portal.backends.base import DatasetSpec
 from backfill_portal.core.errors import ValidationError
-from tests.backends.test_contract import BUILTIN_CONTRACT, warehouse_url
+from tests.backends.test_contract import BUILTIN_CONTRACT, backend_url, warehouse_url  # noqa: F401 (a fixture)
 
 EVENTS = DatasetSpec(name="src_events", columns=(("event_id", "text"), ("amount", "numeric"), ("n", "integer"),
                                                  ("event_time", "timestamp")), business_key=("event_id",))
@@ -95,3 +95,18 @@ def test_a_bad_value_or_a_produced_datasets_name_is_refused_and_nothing_is_writt
     with pytest.raises(ValidationError, match="produced dataset"):
         wh.load_source(spec=produced, rows=[("k1",)])
     assert wh.source_loads("orders_out") is None
+
+
+@pytest.mark.parametrize("backend_url", [p for p in BUILTIN_CONTRACT if "iceberg" not in str(p)], indirect=True)
+def test_a_sql_warehouse_loaded_before_the_seam_keeps_its_loaded_days(backend_url):
+    """The demo recorded its days in `_bf_demo_loaded` before `load_source` existed: the
+    first look at the keyed loads imports them, so an existing warehouse is not loaded twice."""
+    wh = make_warehouse(backend_url)
+    with wh.transaction():
+        wh.execute('CREATE TABLE "src_events" (event_id TEXT, amount REAL, n INTEGER, event_time TEXT)')
+        wh.execute("CREATE TABLE _bf_demo_loaded (dataset TEXT NOT NULL, day TEXT NOT NULL, seed INTEGER NOT NULL, "
+                   "row_count INTEGER NOT NULL, PRIMARY KEY (dataset, day))")
+        wh.execute("INSERT INTO _bf_demo_loaded VALUES ('src_events', '2022-10-01', 7, 12)")
+    assert wh.source_loads(EVENTS.name) == {"2022-10-01": 12}
+    assert wh.load_source(spec=EVENTS, rows=rows(3), load_key="2022-10-01") == 0
+    wh.close()
