@@ -17,6 +17,7 @@ import functools
 import hashlib
 import hmac
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -24,7 +25,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from backfill_portal.core.models import AuditEvent
-from backfill_portal.core.rows import insert_row
+from backfill_portal.core.rows import insert_row, insert_rows
 from backfill_portal.core.services.audit_anchors import Anchor, AnchorFileError, anchor_append, anchors_read, signing_key
 
 GENESIS_HASH = "0" * 64
@@ -93,33 +94,149 @@ def audit_record(
     Writers serialise on the chain head: SQLite's IMMEDIATE transactions already do,
     PostgreSQL takes a transaction-scoped advisory lock. No savepoint of its own: the
     event belongs to the caller's transaction, and a failure here must undo the change
-    it records.
+    it records. Inside an `audit_batch` the event waits in the batch and is numbered,
+    signed and written when the batch ends, still in the caller's transaction (its id
+    and hash are set then).
     """
+    event = AuditEvent(
+        at=timezone.now(),
+        actor=actor if getattr(actor, "pk", None) else None,
+        actor_name=actor_label(actor),
+        action=action,
+        object_type=object_type,
+        object_id=str(object_id),
+        request_id=request_id,
+        dataset=dataset or "",
+        from_state=from_state or "",
+        to_state=to_state or "",
+        reason=reason or "",
+        data=json.loads(json.dumps(data or {}, default=str)),
+    )
+    batch = getattr(connection, "_audit_batch", None)
+    if batch is not None:
+        batch.add(event)
+        return event
+    with transaction.atomic(savepoint=False):
+        _append([event])
+    return event
+
+
+def _append(events: list[AuditEvent]) -> None:
+    """Number, chain and sign `events` after the head, then write them in one INSERT
+    (per 50) and remember the last as the head. Runs inside the caller's transaction."""
     key_id = settings.AUDIT_KEY_ID
     key = signing_key(key_id)
-    with transaction.atomic(savepoint=False):
-        prev_id, prev = _chain_head()
-        event = AuditEvent(
-            id=prev_id + 1,
-            at=timezone.now(),
-            actor=actor if getattr(actor, "pk", None) else None,
-            actor_name=actor_label(actor),
-            action=action,
-            object_type=object_type,
-            object_id=str(object_id),
-            request_id=request_id,
-            dataset=dataset or "",
-            from_state=from_state or "",
-            to_state=to_state or "",
-            reason=reason or "",
-            data=json.loads(json.dumps(data or {}, default=str)),
-            prev_hash=prev,
-            key_id=key_id,
-        )
+    prev_id, prev = _chain_head()
+    for event in events:
+        event.id, event.prev_hash, event.key_id = prev_id + 1, prev, key_id
         event.hash = event_mac(prev, hashed_fields(event), event_id=event.id, key_id=key_id, key=key)
-        _insert(event)
-        _remember_head((event.id, event.hash))
-    return event
+        prev_id, prev = event.id, event.hash
+    if len(events) == 1:
+        _insert(events[0])
+    else:
+        insert_rows(events)
+    _remember_head((prev_id, prev))
+
+
+class AuditBatchError(RuntimeError):
+    """An audit batch used where its events could not be written with their change."""
+
+
+class _Batch:
+    """The events of one `audit_batch`, each with the marker callback it registered
+    (`transaction.on_commit`) and the savepoints open when it was recorded. Django
+    drops a marker when a savepoint around it rolls back: its event is then dropped."""
+
+    def __init__(self, table: str):
+        self.table = table
+        self.events: list[tuple[object, tuple, AuditEvent]] = []
+        self.flushing = False
+
+    def add(self, event: AuditEvent) -> None:
+        def marker() -> None:
+            pass
+
+        transaction.on_commit(marker)
+        self.events.append((marker, _savepoints(), event))
+
+    def alive(self) -> list[tuple[tuple, AuditEvent]]:
+        pending = {func for _, func, _ in connection.run_on_commit}
+        return [(sids, event) for marker, sids, event in self.events if marker in pending]
+
+    def flush(self) -> None:
+        """Write the events still alive (savepoints that rolled back took theirs)."""
+        events = [event for _, event in self.alive()]
+        self.events = []
+        if events:
+            self.flushing = True
+            try:
+                _append(events)
+            finally:
+                self.flushing = False
+
+    def before_statement(self, execute, sql, params, many, context):
+        """An execute wrapper: a statement that names the audit table while events
+        wait here (a read of the log, or a write outside the batch) has them written
+        first, so this transaction reads the log as it would have unbatched. Only when
+        the statement runs where they were recorded (no savepoint opened since): one
+        written inside a later savepoint would vanish with it, and its change stay."""
+        if self.events and not self.flushing and self.table in sql:
+            here = _savepoints()
+            alive = self.alive()
+            if any(sids[:len(here)] != here for sids, _ in alive):
+                raise AuditBatchError("the audit log was read inside a savepoint while events recorded before it "
+                                      "waited in an audit batch; end the batch first")
+            self.flush()
+        return execute(sql, params, many, context)
+
+
+def _savepoints() -> tuple:
+    """The savepoints open now, outermost first (atomic blocks without one add none)."""
+    return tuple(sid for sid in connection.savepoint_ids if sid)
+
+
+@contextmanager
+def audit_batch():
+    """Write the audit events recorded in this block as one multi-row INSERT at its end,
+    with one chain lock and head read, instead of an INSERT (and, first in the
+    transaction, a lock and a read) per event.
+
+    It must be used inside the transaction of the changes it records (`transaction.
+    atomic()`), and it ends before that transaction does, so the events still commit
+    with their changes, or not at all: a failure writing them leaves the block with the
+    error and the transaction rolls back. Events recorded inside a savepoint that rolls
+    back are not written. Nested batches join the outermost one. The chain's lock is
+    taken when the events are written, at the end: held for less of the transaction,
+    never earlier than unbatched.
+    """
+    if getattr(connection, "_audit_batch", None) is not None:
+        yield
+        return
+    if not connection.in_atomic_block:
+        raise AuditBatchError("audit_batch() must be used inside transaction.atomic(): its events are written "
+                              "in the transaction of their changes")
+    batch = _Batch(AuditEvent._meta.db_table)
+    connection._audit_batch = batch
+    try:
+        with connection.execute_wrapper(batch.before_statement):
+            try:
+                yield
+            except BaseException:
+                # The error may be caught inside the transaction, which then commits:
+                # the events of the changes it keeps are written, or it rolls back.
+                if batch.events and not connection.needs_rollback:
+                    connection._audit_batch = None
+                    try:
+                        batch.flush()
+                    except Exception:
+                        connection.set_rollback(True)
+                raise
+            connection._audit_batch = None
+            if connection.needs_rollback:
+                return  # the transaction rolls back, and every event with it
+            batch.flush()
+    finally:
+        connection._audit_batch = None
 
 
 # Rows deleted per transaction (and per audit row) by `delete_audited_in_batches`.
@@ -191,7 +308,7 @@ def _remember_head(head: tuple[int, str]) -> None:
         return
 
     def forget() -> None:
-        if getattr(connection, "_audit_head", (None,))[0] is forget:
+        if (getattr(connection, "_audit_head", None) or (None,))[0] is forget:
             connection._audit_head = None
 
     connection._audit_head = (forget, head)

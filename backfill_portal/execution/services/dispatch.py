@@ -22,7 +22,7 @@ from backfill_portal.backfills.transitions import interval_transition, intervals
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.rows import insert_row
-from backfill_portal.core.services.audit import audit_record
+from backfill_portal.core.services.audit import audit_batch, audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.queue import BACKFILL_QUEUE, PRODUCTION_QUEUE, broker_queue_depth, enqueue
@@ -208,7 +208,7 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
     warehouse, so neither the lock nor the outage is asked again. (An outage another
     worker records meanwhile holds the new runs at their start, as it holds any.)"""
     created = 0
-    with transaction.atomic():
+    with transaction.atomic(), audit_batch():
         if not in_publication:
             dispatch_serialise()
         request = request_get(request_id)

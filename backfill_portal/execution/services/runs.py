@@ -20,7 +20,7 @@ from backfill_portal.backfills.transitions import interval_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
 from backfill_portal.core.rows import insert_row
-from backfill_portal.core.services.audit import audit_record
+from backfill_portal.core.services.audit import audit_batch, audit_record
 from backfill_portal.execution.anomalies import baseline_of, trailing_row_counts
 from backfill_portal.execution.choices import AttemptStatus as A
 from backfill_portal.execution.choices import RunStatus as S
@@ -86,7 +86,7 @@ def attempt_heartbeat(*, attempt_pk: int) -> bool:
 
 
 def _start_attempt(run: Run, worker: str) -> Attempt | None:
-    with transaction.atomic():
+    with transaction.atomic(), audit_batch():
         try:
             run_transition(run, to=S.RUNNING, updates={"started_at": run.started_at or timezone.now()})
         except ConflictError:
@@ -184,7 +184,7 @@ def _attempt_succeed(*, attempt: Attempt, run: Run, marker, claim_verification: 
     """`claim_verification`: the run goes on to `verifying` with its next token in this
     transaction (its verifier is this task), instead of a verify message."""
     try:
-        with transaction.atomic():
+        with transaction.atomic(), audit_batch():
             attempt.run = run
             attempt_transition(attempt, to=A.SUCCEEDED, updates={"finished_at": timezone.now()})
             # One INSERT that a second delivery leaves as it is (one version per run),

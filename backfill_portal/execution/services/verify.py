@@ -20,7 +20,7 @@ from backfill_portal.backfills.transitions import interval_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
 from backfill_portal.core.rows import insert_row
-from backfill_portal.core.services.audit import audit_record
+from backfill_portal.core.services.audit import audit_batch, audit_record
 from backfill_portal.execution.checks import run_checks
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
@@ -94,7 +94,7 @@ def run_verify_claimed(run: Run, fence: dict) -> str:
             raise
         blocking_failures = [c for c in checks if c.blocking and not c.passed]
         try:
-            with transaction.atomic():
+            with transaction.atomic(), audit_batch():
                 now = timezone.now()
                 if fence["verify_token"] > 1:
                     # An earlier verification of this run may have recorded results (the
@@ -219,7 +219,7 @@ def _publish(run: Run, *, actor, current=_UNREAD) -> str:
                     interval_fail_with_run(run)
                 logger.warning(msg)
                 return "conflict"
-        with transaction.atomic():
+        with transaction.atomic(), audit_batch():
             if run.interval_id:
                 # The next dispatch shares this transaction (below); its lock comes
                 # before the audit chain's, in the order every dispatcher takes them.
