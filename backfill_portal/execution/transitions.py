@@ -6,6 +6,7 @@ from contextlib import nullcontext
 from django.db import transaction
 from django.db.models import Exists
 
+from backfill_portal.core.services.audit import audit_serialise
 from backfill_portal.core.transitions import apply_transition
 from backfill_portal.execution.choices import AttemptStatus as A
 from backfill_portal.execution.choices import RunStatus as R
@@ -59,6 +60,8 @@ def run_transition(run: Run, *, to: str, actor=None, reason: str = "", updates: 
             dataset=run.job.dataset.name, reason=reason, updates=updates, expect=expect,
             data={"run_id": run.run_id, "partition": run.partition_key, **(data or {})},
         )
+        if to in RUN_FAILED or to == R.PUBLISHED:
+            audit_serialise()  # the audit chain's lock, before the read (below)
         if to in RUN_FAILED:
             run_failing_keep(run)
         elif to == R.PUBLISHED:
@@ -75,10 +78,11 @@ def run_transition(run: Run, *, to: str, actor=None, reason: str = "", updates: 
 # run does not bring the old failure back (the partition was repaired; what the rollback
 # restored is on the home page's rollbacks panel).
 #
-# Each side reads after its transition's audit row, and writing one takes the audit
-# chain's lock until commit (PostgreSQL: an advisory lock; SQLite: one writer at a
-# time), so a failure and a concurrent publication of a later run of the same
-# partition never both miss each other: the second to take the lock sees the first.
+# Each side reads after taking the audit chain's lock, held until commit (PostgreSQL:
+# an advisory lock; SQLite: one writer at a time): writing its transition's audit row
+# takes it, or, when the events wait in an audit batch, `audit_serialise`. So a failure
+# and a concurrent publication of a later run of the same partition never both miss
+# each other: the second to take the lock sees the first.
 
 
 def run_failing_keep(run: Run) -> None:

@@ -6,6 +6,7 @@ migration's fill computes the same flags from the runs' states."""
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from datetime import datetime, timezone as tz
 from importlib import import_module
 
@@ -13,6 +14,7 @@ import pytest
 from django.db import connection, transaction
 
 from backfill_portal.catalog.models import Job
+from backfill_portal.core.services.audit import audit_batch
 from backfill_portal.execution.choices import RunStatus, RunType
 from backfill_portal.execution.models import Run
 from backfill_portal.execution.selectors import runs_failing
@@ -115,11 +117,14 @@ def walk(run: Run, *states: str) -> None:
 @pytest.mark.skipif(connection.vendor != "postgresql",
                     reason="two concurrent transactions need PostgreSQL: the SQLite test database is in memory, "
                            "shared by threads without a busy timeout (a file database queues writers: IMMEDIATE)")
+@pytest.mark.parametrize("batched", [False, True], ids=["events-written-at-once", "events-in-an-audit-batch"])
 @pytest.mark.parametrize("first", ["failure", "publication"])
-def test_a_failure_and_a_later_runs_publication_at_once_leave_it_repaired(personas, ready, first):
+def test_a_failure_and_a_later_runs_publication_at_once_leave_it_repaired(personas, ready, first, batched):
     """One transaction is still open when the other starts: the failure of an earlier
     run and the publication of a later run of the same partition. Whichever commits
-    first, the earlier run ends failed and not failing."""
+    first, the earlier run ends failed and not failing. Also when the open
+    transaction's events wait in an audit batch (its chain lock is then taken for the
+    failing flag's read, not by the event)."""
     job = Job.objects.get(name=JOB)
     early, late = (Run.objects.create(job=job, run_type=RunType.MANUAL, partition_key="2022-10-05",
                                       data_interval_start=datetime(2022, 10, 5, tzinfo=tz.utc),
@@ -134,7 +139,7 @@ def test_a_failure_and_a_later_runs_publication_at_once_leave_it_repaired(person
     def hold() -> None:
         run, to = moves[first]
         try:
-            with transaction.atomic():
+            with transaction.atomic(), audit_batch() if batched else nullcontext():
                 run_transition(Run.objects.select_related("job__dataset").get(pk=run.pk), to=to)
                 held.set()
                 release.wait(15)

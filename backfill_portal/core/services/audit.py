@@ -270,6 +270,15 @@ def _insert(event: AuditEvent) -> None:
     insert_row(event, with_pk=True)
 
 
+def audit_serialise() -> None:
+    """Take the audit chain's lock now, in this transaction, if an event of it has not
+    already (within an `audit_batch` the lock is otherwise taken as the batch ends):
+    for a read that must see every transaction that wrote its events before this one
+    (the run's failing flag, execution/transitions.py). Held until the transaction ends."""
+    if connection.in_atomic_block and _remembered() is None:
+        _remember_head(_chain_head())
+
+
 def _chain_head() -> tuple[int, str]:
     """The (id, hash) to chain to, with the chain locked until this transaction ends.
 
