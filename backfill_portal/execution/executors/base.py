@@ -95,9 +95,12 @@ def pins_recorded(run: Run) -> PinnedInputs | None:
     return pins
 
 
-def pin_inputs(run: Run, warehouse: WarehouseBackend) -> PinnedInputs:
-    """Pin each upstream's current published versions at run start, once per run."""
-    recorded = pins_recorded(run)
+def pin_inputs(run: Run, warehouse: WarehouseBackend, *, first_attempt: bool = False) -> PinnedInputs:
+    """Pin each upstream's current published versions at run start, once per run.
+    `first_attempt`: the first attempt of a run that inherits no pins (not a second
+    rerun's verification run, which starts with its original's): none can be recorded
+    yet, so they are not read."""
+    recorded = None if first_attempt else pins_recorded(run)
     if recorded is not None:
         return recorded
     job = run.job

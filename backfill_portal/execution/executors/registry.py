@@ -10,6 +10,7 @@ from backfill_portal.catalog import kinds
 from backfill_portal.catalog.specs import spec_for
 from backfill_portal.core.registry import NotRegistered, Registry
 from backfill_portal.execution.executors.base import ExecutionContext, ExecutionError, pin_inputs
+from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import Run
 
 Executor = Callable[[ExecutionContext], Marker]
@@ -52,7 +53,7 @@ def execute(run: Run, attempt_no: int, warehouse: WarehouseBackend, *,
     """Stage the run's version with its kind's executor; the marker commits with the rows."""
     job = run.job
     spec = spec_for(job.dataset)  # staging ensures its tables, once per process and spec
-    pins = pin_inputs(run, warehouse)
+    pins = pin_inputs(run, warehouse, first_attempt=attempt_no == 1 and run.run_type != RunType.VERIFICATION)
     definition = run.code_version.definition
     executor = executor_for(definition.get("kind", job.kind))
     return executor(ExecutionContext(run=run, attempt_no=attempt_no, warehouse=warehouse, pins=pins,

@@ -1,6 +1,7 @@
 """Running one attempt of one run, heartbeats, fencing and the lost-attempt sweeper."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -11,7 +12,6 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Max
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus as I
@@ -19,7 +19,6 @@ from backfill_portal.backfills.choices import RequestStatus as R
 from backfill_portal.backfills.transitions import interval_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
-from backfill_portal.core.rows import insert_row
 from backfill_portal.core.services.audit import audit_batch, audit_record
 from backfill_portal.execution.anomalies import baseline_of, trailing_row_counts
 from backfill_portal.execution.choices import AttemptStatus as A
@@ -91,15 +90,44 @@ def _start_attempt(run: Run, worker: str) -> Attempt | None:
             run_transition(run, to=S.RUNNING, updates={"started_at": run.started_at or timezone.now()})
         except ConflictError:
             return None  # another delivery of this task claimed it first
-        last = run.attempts.aggregate(n=Max("attempt_no"))["n"] or 0
-        now = timezone.now()
-        attempt = insert_row(Attempt(run=run, attempt_no=last + 1, status=A.RUNNING, started_at=now,
-                                     heartbeat_at=now, worker=worker))
+        attempt = _insert_next_attempt(run, worker)
         audit_record(actor=None, action="attempt.started", object_type="attempt", object_id=attempt.pk,
                      request_id=run.request_id, dataset=run.job.dataset.name, to_state=A.RUNNING,
                      data={"run_id": run.run_id, "attempt_no": attempt.attempt_no, "worker": worker})
         if run.interval_id and run.interval.status == I.QUEUED:
             interval_transition(run.interval, to=I.RUNNING, data={"run_id": run.run_id})
+    return attempt
+
+
+# The columns a new attempt is inserted with; the others are NULL (finished_at).
+_ATTEMPT_COLUMNS = ("status", "started_at", "heartbeat_at", "worker", "error", "outage")
+
+
+@functools.lru_cache(maxsize=2)
+def _next_attempt_statement(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    meta = Attempt._meta
+    columns = [meta.get_field(name).column for name in _ATTEMPT_COLUMNS]
+    table, run_col, no_col = quote(meta.db_table), quote(meta.get_field("run").column), quote("attempt_no")
+    return (f"INSERT INTO {table} ({run_col}, {no_col}, {', '.join(quote(c) for c in columns)}) "
+            f"SELECT %s, COALESCE(MAX({no_col}), 0) + 1, {', '.join(['%s'] * len(columns))} "
+            f"FROM {table} WHERE {run_col} = %s RETURNING {quote(meta.pk.column)}, {no_col}")
+
+
+def _insert_next_attempt(run: Run, worker: str) -> Attempt:
+    """Open the run's next attempt, numbered after its last one in the same statement.
+    Only the transaction that claimed the run (queued -> running) gets here, so no
+    other one numbers an attempt of this run meanwhile (and the unique constraint on
+    (run, attempt_no) would refuse it)."""
+    now = timezone.now()
+    attempt = Attempt(run=run, status=A.RUNNING, started_at=now, heartbeat_at=now, worker=worker)
+    meta = Attempt._meta
+    values = [meta.get_field(name).get_db_prep_save(getattr(attempt, name), connection) for name in _ATTEMPT_COLUMNS]
+    with connection.cursor() as cursor:
+        cursor.execute(_next_attempt_statement(connection.vendor), [run.pk, *values, run.pk])
+        attempt.pk, attempt.attempt_no = cursor.fetchone()
+    attempt._state.adding = False
+    attempt._state.db = connection.alias
     return attempt
 
 
