@@ -16,6 +16,7 @@ from backfill_portal.core.services.audit import (
     audit_batch,
     audit_check,
     audit_record,
+    audit_serialise,
     audit_verify,
     event_mac,
     hashed_fields,
@@ -55,6 +56,20 @@ def test_a_batch_writes_its_events_in_one_insert_after_one_head_read(db, setting
     assert audit_statements(queries.captured_queries) == [*lock, "SELECT", "INSERT"]
     assert actions() == ["t.batched0", "t.batched1", "t.batched2"]
     assert event.pk == AuditEvent.objects.order_by("id").last().pk and not event._state.adding
+    assert_chain_whole(settings)
+
+
+def test_the_chain_lock_taken_inside_a_batch_still_leaves_one_insert(db, settings):
+    """audit_serialise takes the lock (and reads the head) before a read that must come
+    after it; the batch then appends after that head, without writing its events twice."""
+    with CaptureQueriesContext(connection) as queries, transaction.atomic(), audit_batch():
+        audit_record(actor=None, action="t.one", object_type="t", object_id=1)
+        audit_serialise()
+        audit_serialise()
+        audit_record(actor=None, action="t.two", object_type="t", object_id=2)
+    lock = ["SELECT"] if connection.vendor == "postgresql" else []
+    assert audit_statements(queries.captured_queries) == [*lock, "SELECT", "INSERT"]
+    assert actions() == ["t.one", "t.two"]
     assert_chain_whole(settings)
 
 

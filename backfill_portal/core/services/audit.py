@@ -276,7 +276,14 @@ def audit_serialise() -> None:
     for a read that must see every transaction that wrote its events before this one
     (the run's failing flag, execution/transitions.py). Held until the transaction ends."""
     if connection.in_atomic_block and _remembered() is None:
-        _remember_head(_chain_head())
+        batch = getattr(connection, "_audit_batch", None)
+        if batch is not None:
+            batch.flushing = True  # the head's read is the chain's own: it writes nothing first
+        try:
+            _remember_head(_chain_head())
+        finally:
+            if batch is not None:
+                batch.flushing = False
 
 
 def _chain_head() -> tuple[int, str]:
