@@ -206,8 +206,8 @@ def audit_batch():
     with their changes, or not at all: a failure writing them leaves the block with the
     error and the transaction rolls back. Events recorded inside a savepoint that rolls
     back are not written. Nested batches join the outermost one. The chain's lock is
-    taken when the events are written, at the end: held for less of the transaction,
-    never earlier than unbatched.
+    taken when the events are written, at the end (held for less of the transaction,
+    never earlier than unbatched), or where `audit_serialise` asks for it.
     """
     if getattr(connection, "_audit_batch", None) is not None:
         yield
