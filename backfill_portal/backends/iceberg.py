@@ -95,6 +95,21 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _converted(spec: DatasetSpec, converters, row: Sequence) -> tuple:
+    """`row` converted column by column; a value that does not convert is refused with
+    its column named (ValidationError)."""
+    try:
+        return tuple(convert(value) for convert, value in zip(converters, row))
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        for col, convert, value in zip(spec.columns, converters, row):
+            try:
+                convert(value)
+            except (TypeError, ValueError, ArithmeticError):
+                raise ValidationError(f"{spec.name}.{col.name}: cannot store {value!r} as {col.type}: {exc}",
+                                      field=col.name) from exc
+        raise
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
 
@@ -545,16 +560,7 @@ class IcebergWarehouse(WarehouseBackend):
 
     @staticmethod
     def _convert_row(spec: DatasetSpec, converters, row: Sequence, partition: str) -> tuple:
-        try:
-            values = tuple(convert(value) for convert, value in zip(converters, row))
-        except (TypeError, ValueError, ArithmeticError) as exc:
-            for col, convert, value in zip(spec.columns, converters, row):
-                try:
-                    convert(value)
-                except (TypeError, ValueError, ArithmeticError):
-                    raise ValidationError(f"{spec.name}.{col.name}: cannot store {value!r} as {col.type}: {exc}",
-                                          field=col.name) from exc
-            raise
+        values = _converted(spec, converters, row)
         if spec.partition_column:
             got = values[spec.column_names.index(spec.partition_column)]
             if got != partition:
@@ -1141,16 +1147,7 @@ class IcebergWarehouse(WarehouseBackend):
         converters = [_converter(c) for c in spec.columns]
         values = []
         for row in rows:
-            try:
-                values.append(tuple(convert(v) for convert, v in zip(converters, row)))
-            except (TypeError, ValueError, ArithmeticError) as exc:
-                for col, convert, v in zip(spec.columns, converters, row):
-                    try:
-                        convert(v)
-                    except (TypeError, ValueError, ArithmeticError):
-                        raise ValidationError(f"{spec.name}.{col.name}: cannot store {v!r} as {col.type}: {exc}",
-                                              field=col.name) from exc
-                raise
+            values.append(_converted(spec, converters, row))
         columns = list(zip(*values)) if values else [[] for _ in spec.columns]
         return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(columns, schema)], schema=schema)
 

@@ -257,8 +257,11 @@ def attempt_fail(*, attempt: Attempt, run: Run, error: str, to: str = A.FAILED, 
     try:
         with transaction.atomic():
             attempt.run = run
+            # One instant for the attempt's end and its retry's backoff, so the retry is
+            # exactly the delay after the failure however long the statements between take.
+            now = timezone.now()
             attempt_transition(attempt, to=to, reason=error[:500],
-                               updates={"finished_at": timezone.now(), "error": error[:4000], "outage": outage})
+                               updates={"finished_at": now, "error": error[:4000], "outage": outage})
             run.refresh_from_db(fields=["status"])
             if run.status != S.RUNNING:
                 return "fenced"
@@ -271,7 +274,7 @@ def attempt_fail(*, attempt: Attempt, run: Run, error: str, to: str = A.FAILED, 
             failures = attempt.attempt_no - run.attempts.filter(outage=True).count()
             if failures < run.job.max_attempts:
                 delay = retry_delay(failures)
-                at = timezone.now() + timedelta(seconds=delay) if delay > 0 else None
+                at = now + timedelta(seconds=delay) if delay > 0 else None
                 run_transition(run, to=S.QUEUED, reason=f"attempt {attempt.attempt_no} {to}; retrying in {delay:.1f} s",
                                updates={"error": error[:4000], "retry_at": at, "enqueued_at": at or timezone.now()},
                                data={"retry_at": at.isoformat() if at else None})
