@@ -88,6 +88,22 @@ def fingerprint_kind(fingerprint: str) -> str:
     return head if sep else ""
 
 
+def convert_row(spec: DatasetSpec, converters, row) -> tuple:
+    """`row` converted by `converters`, one per declared column; a value that does not
+    convert is refused with its column named (ValidationError). The culprit is looked
+    for only on that slow path, to keep the loop over the values tight."""
+    try:
+        return tuple(convert(value) for convert, value in zip(converters, row))
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        for col, convert, value in zip(spec.columns, converters, row):
+            try:
+                convert(value)
+            except (TypeError, ValueError, ArithmeticError):
+                raise ValidationError(f"{spec.name}.{col.name}: cannot store {value!r} as {col.type}: {exc}",
+                                      field=col.name) from exc
+        raise
+
+
 # -- specs and results -------------------------------------------------------------
 
 

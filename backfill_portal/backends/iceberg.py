@@ -57,6 +57,7 @@ from backfill_portal.backends.base import (
     WarehouseBackend,
     WarehouseLockTimeout,
     WarehouseUnavailable,
+    convert_row,
     identifier,
     rounded_measure,
 )
@@ -95,21 +96,6 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _converted(spec: DatasetSpec, converters, row: Sequence) -> tuple:
-    """`row` converted column by column; a value that does not convert is refused with
-    its column named (ValidationError)."""
-    try:
-        return tuple(convert(value) for convert, value in zip(converters, row))
-    except (TypeError, ValueError, ArithmeticError) as exc:
-        for col, convert, value in zip(spec.columns, converters, row):
-            try:
-                convert(value)
-            except (TypeError, ValueError, ArithmeticError):
-                raise ValidationError(f"{spec.name}.{col.name}: cannot store {value!r} as {col.type}: {exc}",
-                                      field=col.name) from exc
-        raise
-
-
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
 
@@ -119,6 +105,15 @@ def _iceberg_type(logical: str):
 
     return {"text": StringType(), "integer": LongType(), "numeric": DoubleType(), "timestamp": TimestamptzType(),
             "date": DateType(), "boolean": BooleanType()}[logical]
+
+
+def _add_columns(txn, columns: Sequence[ColumnSpec]) -> None:
+    """Add `columns` to the table of the pyiceberg transaction `txn`, and keep its
+    default name mapping (how readers match Parquet columns by name) up to date."""
+    with txn.update_schema() as update:
+        for col in columns:
+            update.add_column(col.name, _iceberg_type(col.type))
+    txn.set_properties({"schema.name-mapping.default": txn.table_metadata.schema().name_mapping.model_dump_json()})
 
 
 def _logical_type(iceberg_type) -> str:
@@ -418,11 +413,7 @@ class IcebergWarehouse(WarehouseBackend):
                 break
             try:
                 with table.transaction() as txn:
-                    with txn.update_schema() as update:
-                        for col in missing:
-                            update.add_column(col.name, _iceberg_type(col.type))
-                    txn.set_properties({"schema.name-mapping.default":
-                                        txn.table_metadata.schema().name_mapping.model_dump_json()})
+                    _add_columns(txn, missing)
             except CommitFailedException:
                 continue
             break
@@ -560,7 +551,7 @@ class IcebergWarehouse(WarehouseBackend):
 
     @staticmethod
     def _convert_row(spec: DatasetSpec, converters, row: Sequence, partition: str) -> tuple:
-        values = _converted(spec, converters, row)
+        values = convert_row(spec, converters, row)
         if spec.partition_column:
             got = values[spec.column_names.index(spec.partition_column)]
             if got != partition:
@@ -1147,7 +1138,7 @@ class IcebergWarehouse(WarehouseBackend):
         converters = [_converter(c) for c in spec.columns]
         values = []
         for row in rows:
-            values.append(_converted(spec, converters, row))
+            values.append(convert_row(spec, converters, row))
         columns = list(zip(*values)) if values else [[] for _ in spec.columns]
         return pa.Table.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(columns, schema)], schema=schema)
 
@@ -1199,11 +1190,7 @@ class IcebergWarehouse(WarehouseBackend):
                 with table.transaction() as txn:
                     missing = [c for c in spec.columns if c.name not in present]
                     if missing:
-                        with txn.update_schema() as update:
-                            for col in missing:
-                                update.add_column(col.name, _iceberg_type(col.type))
-                        txn.set_properties({"schema.name-mapping.default":
-                                            txn.table_metadata.schema().name_mapping.model_dump_json()})
+                        _add_columns(txn, missing)
                     if replace:
                         old_keys = [k for k in properties if k.startswith(LOAD_PREFIX)]
                         if old_keys:

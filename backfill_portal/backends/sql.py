@@ -75,6 +75,7 @@ from backfill_portal.backends.base import (
     WarehouseBackend,
     WarehouseLockTimeout,
     WarehouseUnavailable,
+    convert_row,
     fingerprint_kind,
     identifier,
     rounded_measure,
@@ -764,7 +765,7 @@ class SqlWarehouse(WarehouseBackend):
                     raise ValidationError(
                         f"{spec.name}: a row has {len(row)} values, the dataset declares {width} columns"
                     )
-                batch.append(self._convert_row(spec, converters, row) + tail)
+                batch.append(convert_row(spec, converters, row) + tail)
                 if len(batch) >= chunk_size or time.monotonic() >= flush_at:
                     self.bulk_insert(target, columns, batch)
                     batch = []
@@ -1023,7 +1024,7 @@ class SqlWarehouse(WarehouseBackend):
         stores them (SQLite's `ts()` text; for PostgreSQL's COPY, text with +00)."""
         converters = [self._converter(col) for col in spec.columns]
         if not (hasattr(rows, "schema") and hasattr(rows, "column")):
-            return [self._convert_row(spec, converters, row) for row in rows]
+            return [convert_row(spec, converters, row) for row in rows]
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -1222,21 +1223,6 @@ class SqlWarehouse(WarehouseBackend):
         return rows[0][0] if rows else None
 
     # -- values -------------------------------------------------------------------------
-
-    @staticmethod
-    def _convert_row(spec: DatasetSpec, converters: list[Callable[[Any], Any]], row: Sequence) -> tuple:
-        try:
-            return tuple(convert(value) for convert, value in zip(converters, row))
-        except (TypeError, ValueError, ArithmeticError) as exc:
-            # Find the culprit only on the slow path, to keep the loop above tight.
-            for col, convert, value in zip(spec.columns, converters, row):
-                try:
-                    convert(value)
-                except (TypeError, ValueError, ArithmeticError):
-                    raise ValidationError(
-                        f"{spec.name}.{col.name}: cannot store {value!r} as {col.type}: {exc}", field=col.name
-                    ) from exc
-            raise
 
     def _converter(self, col: ColumnSpec) -> Callable[[Any], Any]:
         """Python value -> parameter for this engine: the column's canonical value
