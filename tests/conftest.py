@@ -465,22 +465,75 @@ def iceberg_url(tmp_path) -> str:
     return f"iceberg+sqlite:///{tmp_path / 'catalog.db'}?warehouse={tmp_path / 'iceberg'}"
 
 
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """An S3 API server for the session: moto's, a real HTTP server in a process of its
+    own, which pyarrow's S3 client (the portal's and pyiceberg's) talks to as to S3.
+    The object-store variants do not depend on the pass's metadata database or
+    warehouse, so they run once: in the embedded pass, not again in CI's PostgreSQL one."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    if os.environ.get("WAREHOUSE_URL", "").startswith("postgres"):
+        pytest.skip("the object-store (S3) variants run in the embedded pass; this pass's WAREHOUSE_URL is PostgreSQL")
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                pytest.fail("moto's S3 server did not start")
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}"
+    server.terminate()
+    server.wait(10)
+
+
+def iceberg_s3_url(tmp_path, endpoint: str) -> str:
+    """An Iceberg warehouse in a new bucket of the S3 server at `endpoint` (the catalog
+    in a SQLite file under `tmp_path`); a killed writer's lease lapses after 2 s."""
+    import uuid
+
+    from pyarrow.fs import S3FileSystem
+
+    bucket = f"bf-{uuid.uuid4().hex[:12]}"
+    S3FileSystem(endpoint_override=endpoint, access_key="portal", secret_key="portal-secret", region="us-east-1",
+                 allow_bucket_creation=True).create_dir(bucket)
+    return (f"iceberg+sqlite:///{tmp_path / 'catalog.db'}?warehouse=s3://{bucket}/wh&s3.endpoint={endpoint}"
+            "&s3.region=us-east-1&s3.access-key-id=portal&s3.secret-access-key=portal-secret&writer_lease=2")
+
+
 #: A test that concerns the warehouse runs on the pass's warehouse (SQLite, or CI's
 #: PostgreSQL) and on an Iceberg one (issue #18): `warehouse_url`'s fixture option.
-ALSO_ON_ICEBERG = pytest.mark.parametrize("warehouse_url", ["default", "iceberg"], indirect=True)
+ALSO_ON_ICEBERG = pytest.mark.parametrize("warehouse_url", ["default", "iceberg", "iceberg-s3"], indirect=True)
 
 
 @pytest.fixture
 def warehouse_url(request, settings, tmp_path, warehouse_databases):
     """The test's warehouse; parametrised indirectly with "iceberg" (ALSO_ON_ICEBERG), an
-    Iceberg warehouse under tmp_path whatever the pass's warehouse is."""
+    Iceberg warehouse under tmp_path whatever the pass's warehouse is, or "iceberg-s3",
+    one in a bucket of the session's S3 API server."""
     from backfill_portal.backends import reset_warehouse_cache
 
-    pool = None if getattr(request, "param", "default") == "iceberg" else warehouse_databases
+    param = getattr(request, "param", "default")
+    pool = None if param.startswith("iceberg") else warehouse_databases
     if pool:
         url = pool.take()
-    elif getattr(request, "param", "default") == "iceberg":
+    elif param == "iceberg":
         url = iceberg_url(tmp_path)
+    elif param == "iceberg-s3":
+        url = iceberg_s3_url(tmp_path, request.getfixturevalue("s3_endpoint"))
     else:
         url = f"sqlite:///{tmp_path / 'warehouse.sqlite3'}"
     settings.WAREHOUSE_URL = url

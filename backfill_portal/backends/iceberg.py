@@ -19,15 +19,17 @@ know how to do. The publication history is a table of the catalog database, each
 also carried by its snapshot's summary (`bf.*`) so a crash between the commit and the
 row is repaired from the table itself.
 
-Local warehouse paths only for now: object storage (s3://...) needs the staging, marker
-and sweep code to go through pyarrow's filesystems (docs/iceberg.md, "Not yet").
+The warehouse is a local directory or an object store (`?warehouse=s3://bucket/prefix`,
+with pyiceberg's `s3.*` properties in the query: `s3.endpoint`, `s3.region`, keys or the
+AWS environment); every file goes through `storage.Storage`. A run's writer lock is an
+flock locally and a lease row of the catalog database on an object store (no file locks
+there).
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -61,6 +63,7 @@ from backfill_portal.backends.base import (
     identifier,
     rounded_measure,
 )
+from backfill_portal.backends.storage import Storage
 from backfill_portal.core.errors import ValidationError
 
 logger = logging.getLogger(__name__)
@@ -81,6 +84,13 @@ CHUNK = 500
 # Snapshots a table keeps after each publishing commit (the newest; see
 # _expire_old_snapshots): enough for time travel over the last publishes.
 RETAINED_SNAPSHOTS = 20
+# A source table's old snapshots are expired this many at a time (_expire_source_snapshots):
+# each expiry reads the retained snapshots' manifests.
+SOURCE_EXPIRY_BATCH = 10
+# A writer's lease on an object store (_Lease), unless the URL's `writer_lease` says:
+# renewed every quarter of it while the writer lives; a killed writer's run directory
+# is the sweep's this long after its last renewal.
+LEASE_SECONDS = 60.0
 ROW_HASH = "_bf_row_md5"  # the numbers query's per-row hash (not a column name a dataset may use)
 
 
@@ -208,6 +218,14 @@ def _numbers_sql(spec: DatasetSpec, source: str) -> str:
             f"SUM(CAST({ROW_HASH} >> 64 AS UBIGINT)) FROM {hashed}")
 
 
+def _beyond_retention(table) -> list:
+    """The table's snapshots older than its newest RETAINED_SNAPSHOTS, but any a branch or
+    tag points at (one a reader created), oldest first."""
+    snapshots = sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
+    protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
+    return [s for s in snapshots[:-RETAINED_SNAPSHOTS] if s.snapshot_id not in protected]
+
+
 def _fingerprint_of(upper, lower) -> str:
     return f"{int(upper or 0) % 2**64:016x}{int(lower or 0) % 2**64:016x}"
 
@@ -241,10 +259,19 @@ class IcebergWarehouse(WarehouseBackend):
         if not self.warehouse_path:
             raise ValidationError("WAREHOUSE_URL: ?warehouse=<path> is required for a PostgreSQL catalog",
                                   field="WAREHOUSE_URL")
-        if "://" in self.warehouse_path and not self.warehouse_path.startswith("file://"):
-            raise ValidationError("WAREHOUSE_URL: only a local warehouse path is supported yet",
+        # pyiceberg's FileIO properties (s3.endpoint, s3.region, s3.access-key-id, ...):
+        # the catalog's FileIO and the portal's own files use the same.
+        self.io_properties = {k: v[0] for k, v in query.items() if k.startswith("s3.")}
+        self.storage = Storage(self.warehouse_path, self.io_properties)
+        lease = (query.get("writer_lease") or [str(LEASE_SECONDS)])[0]
+        try:
+            self.writer_lease = float(lease)
+        except ValueError:
+            self.writer_lease = 0.0
+        if not 1 <= self.writer_lease <= 86400:
+            raise ValidationError(f"WAREHOUSE_URL: writer_lease={lease} must be seconds between 1 and 86400",
                                   field="WAREHOUSE_URL")
-        self.warehouse_path = str(Path(self.warehouse_path.removeprefix("file://")).resolve())
+        self.warehouse_path = self.storage.root
         self.namespace = (query.get("namespace") or [NAMESPACE])[0]
         self.catalog_name = CATALOG_NAME
         identifier(self.namespace, what="namespace")
@@ -266,10 +293,15 @@ class IcebergWarehouse(WarehouseBackend):
 
                     try:
                         self._catalog = SqlCatalog(CATALOG_NAME, uri=self.catalog_uri,
-                                                   warehouse=f"file://{self.warehouse_path}")
+                                                   warehouse=self.warehouse_uri, **self.io_properties)
                     except Exception as exc:
                         raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_uri}: {exc}") from exc
         return self._catalog
+
+    @property
+    def warehouse_uri(self) -> str:
+        """The warehouse root as Iceberg names it (file:///... or s3://...)."""
+        return self.storage.uri(self.storage.root)
 
     @property
     def engine(self):
@@ -285,6 +317,8 @@ class IcebergWarehouse(WarehouseBackend):
 
             con = duckdb.connect()
             con.execute("SET TimeZone = 'UTC'")
+            if not self.storage.local:
+                con.register_filesystem(self.storage.fsspec())
             self._local.duck = con
         return con
 
@@ -310,6 +344,7 @@ class IcebergWarehouse(WarehouseBackend):
             raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_uri}: {exc}") from exc
         finally:
             engine.dispose()
+        self.storage.probe()
 
     def _sql(self, statement: str, params: dict | None = None, *, write: bool = False) -> list[tuple]:
         import sqlalchemy
@@ -338,6 +373,9 @@ class IcebergWarehouse(WarehouseBackend):
                 UNIQUE (snapshot_id, "partition"))""",
             """CREATE INDEX IF NOT EXISTS bf_ice_publications_partition
                 ON bf_ice_publications (dataset, "partition", id)""",
+            # An object store's writer leases (_Lease): one per run directory being written.
+            f"""CREATE TABLE IF NOT EXISTS bf_ice_writers (location TEXT PRIMARY KEY, token TEXT NOT NULL,
+                expires_at {number} NOT NULL)""",
         ):
             self._sql(statement, write=True)
         try:
@@ -347,7 +385,7 @@ class IcebergWarehouse(WarehouseBackend):
 
             if not isinstance(exc, NamespaceAlreadyExistsError):
                 raise
-        Path(self.warehouse_path).mkdir(parents=True, exist_ok=True)
+        self.storage.make_dir(self.warehouse_path)
         self._meta_ready = True
 
     def _ident(self, name: str) -> tuple[str, str]:
@@ -355,8 +393,8 @@ class IcebergWarehouse(WarehouseBackend):
         return (self.namespace, name)
 
     def table_location(self, name: str) -> str:
-        """The local directory of a dataset's table."""
-        return str(Path(self.warehouse_path) / self.namespace / name)
+        """Where a dataset's table is (a local directory or an object store prefix)."""
+        return self.storage.join(self.warehouse_path, self.namespace, name)
 
     def _load(self, name: str):
         """The table as the catalog has it now, or None."""
@@ -396,7 +434,7 @@ class IcebergWarehouse(WarehouseBackend):
                 try:
                     self.catalog.create_table(
                         self._ident(spec.name), schema=schema, partition_spec=partitioning,
-                        location=f"file://{self.table_location(spec.name)}",
+                        location=self.storage.uri(self.table_location(spec.name)),
                         properties={"commit.retry.num-retries": "0", "bf.partition-column": spec.partition_key_column,
                                     "schema.name-mapping.default": schema.name_mapping.model_dump_json()})
                 except TableAlreadyExistsError:
@@ -434,18 +472,29 @@ class IcebergWarehouse(WarehouseBackend):
         if column is None:
             table = self._load(name)
             column = self._partition_column(table) if table is not None else "_partition"
-        return str(Path(self.table_location(name)) / "data" / f"{column}={quote(partition, safe='')}"
-                   / "_runs" / quote(run_id, safe=""))
+        return self.storage.join(self.table_location(name), "data", f"{column}={quote(partition, safe='')}",
+                                 "_runs", quote(run_id, safe=""))
+
+    def _run_directories(self, name: str) -> dict[str, list[str]]:
+        """Every run directory under the table's `data/*/_runs/`, with the files in it."""
+        data = self.storage.join(self.table_location(name), "data")
+        found: dict[str, list[str]] = {}
+        for path in self.storage.files(data, recursive=True):
+            parts = path[len(data) + 1:].split("/")
+            if len(parts) == 4 and parts[1] == "_runs":
+                found.setdefault(self.storage.join(data, *parts[:3]), []).append(path)
+        return found
 
     def run_files(self, spec_or_name: DatasetSpec | str, run_id: str) -> list[str]:
         """Every data file under the run's directories (any partition, with a marker or not):
         what a writer left, committed or not."""
         name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
-        data = Path(self.table_location(name)) / "data"
-        return sorted(str(p) for p in data.glob(f"*/_runs/{quote(run_id, safe='')}/*.parquet"))
+        run = quote(run_id, safe="")
+        return sorted(f for directory, files in self._run_directories(name).items()
+                      if self.storage.name(directory) == run for f in files if f.endswith(".parquet"))
 
     def _version_files(self, marker_row) -> list[str]:
-        return [str(Path(marker_row["location"]) / f) for f in marker_row["files"]]
+        return [self.storage.join(marker_row["location"], f) for f in marker_row["files"]]
 
     # -- staging ----------------------------------------------------------------------
 
@@ -460,56 +509,50 @@ class IcebergWarehouse(WarehouseBackend):
 
     def _begin(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, take_over: bool):
         """Ready to write: the table exists, the run has no marker, this process holds
-        the run's writer lock (an flock: a killed writer's goes with it), and what a dead
-        attempt left is gone. Returns (table, directory, lock file)."""
+        the run's writer lock (`_writer_lock`), and what a dead attempt left is gone.
+        Returns (table, directory, lock)."""
         self._check_run(run_id=run_id, attempt_no=attempt_no, partition=partition)
         self.ensure_dataset(spec)
         existing = self.marker(run_id)
         if existing is not None:
             raise AlreadyCommitted(existing)
-        directory = Path(self.run_location(spec, partition, run_id))
-        directory.mkdir(parents=True, exist_ok=True)
-        lock = open(directory / LOCK_FILE, "a+")
+        directory = self.run_location(spec, partition, run_id)
+        self.storage.make_dir(directory)
+        lock = self._writer_lock(directory)
         try:
-            self._take_lock(lock, wait=not take_over)
+            lock.acquire(take_over=take_over, timeout=self.lock_timeout_seconds or 3600)
             found = self._read_marker_file(directory)
             if found is not None:  # committed, but the index row was lost with its process
                 self._index_marker(found)
                 raise AlreadyCommitted(self._to_marker(found))
-            for leftover in directory.iterdir():
-                if leftover.name != LOCK_FILE:
-                    leftover.unlink()
+            self._discard(directory)
             table = self._load(spec.name)
         except BaseException:
-            lock.close()
+            lock.release()
             raise
         return table, directory, lock
 
     @contextmanager
     def _writing(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, take_over: bool):
-        """One attempt's writing (`_begin`), as (table, directory): whatever it raises, the
-        files it wrote are discarded; the writer lock is released either way."""
+        """One attempt's writing (`_begin`), as (table, directory, lock): whatever it raises,
+        the files it wrote are discarded; the writer lock is released either way."""
         table, directory, lock = self._begin(spec, run_id, attempt_no, partition, take_over)
         try:
-            yield table, directory
+            yield table, directory, lock
         except BaseException:
             self._discard(directory)
             raise
         finally:
-            lock.close()
+            lock.release()
 
-    def _take_lock(self, lock, *, wait: bool) -> None:
-        deadline = time.monotonic() + (self.lock_timeout_seconds or 3600)
-        while True:
-            try:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if not wait:
-                    return  # take_over: the holder is a dead or frozen attempt of this run
-                if time.monotonic() > deadline:
-                    raise WarehouseLockTimeout(f"another writer holds {lock.name}") from None
-                time.sleep(0.05)
+    def _writer_lock(self, directory: str):
+        """The lock a run directory's writer holds while it writes, and the sweep takes
+        before it deletes what a dead writer left: locally an flock on a file there (a
+        killed writer's goes with its process); on an object store a lease row in the
+        catalog database, renewed while its writer lives."""
+        if self.storage.local:
+            return _FileLock(self.storage.join(directory, LOCK_FILE))
+        return _Lease(self, directory)
 
     @staticmethod
     def _arrow_schema(table):
@@ -525,7 +568,7 @@ class IcebergWarehouse(WarehouseBackend):
         sweep deletes)."""
         import pyarrow as pa
 
-        with self._writing(spec, run_id, attempt_no, partition, take_over) as (table, directory):
+        with self._writing(spec, run_id, attempt_no, partition, take_over) as (table, directory, lock):
             schema = self._arrow_schema(table)
             converters = [_converter(c) for c in spec.columns]
             written: list = []
@@ -536,7 +579,7 @@ class IcebergWarehouse(WarehouseBackend):
                 nonlocal chunk, n
                 if chunk:
                     batch = self._batch(pa, schema, spec, chunk, run_id, attempt_no, partition)
-                    self._write_file(directory / f"part-{attempt_no:03d}-{n:05d}.parquet", batch)
+                    self._write_file(self.storage.join(directory, f"part-{attempt_no:03d}-{n:05d}.parquet"), batch)
                     written.append(batch)
                     n += 1
                     chunk = []
@@ -547,7 +590,7 @@ class IcebergWarehouse(WarehouseBackend):
                     flush()
             flush()
             data = pa.Table.from_batches(written, schema=schema) if written else schema.empty_table()
-            return self._commit_marker(spec, run_id, attempt_no, partition, directory, data, table)
+            return self._commit_marker(spec, run_id, attempt_no, partition, directory, data, table, lock)
 
     @staticmethod
     def _convert_row(spec: DatasetSpec, converters, row: Sequence, partition: str) -> tuple:
@@ -576,28 +619,23 @@ class IcebergWarehouse(WarehouseBackend):
                 arrays.append(pa.nulls(len(chunk), type=field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    @staticmethod
-    def _write_file(path: Path, data) -> None:
+    def _write_file(self, location: str, data) -> None:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-        with open(path, "wb") as out:
-            pq.write_table(table, out, compression="zstd")
-            out.flush()
-            os.fsync(out.fileno())
+        self.storage.write_parquet(location, data if isinstance(data, pa.Table) else pa.Table.from_batches([data]))
 
-    @staticmethod
-    def _discard(directory: Path) -> None:
-        for leftover in directory.glob("*"):
-            if leftover.name != LOCK_FILE:
-                leftover.unlink(missing_ok=True)
+    def _discard(self, directory: str) -> list[str]:
+        """Delete every file of the run directory but its lock file; returns them."""
+        doomed = [f for f in self.storage.files(directory) if self.storage.name(f) != LOCK_FILE]
+        for leftover in doomed:
+            self.storage.delete(leftover)
+        return doomed
 
     def stage_select(self, *, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str,
                      select_sql: str, params: Sequence = (), take_over: bool = False) -> Marker:
         """DuckDB runs the SELECT into Arrow; the rows are cast to the declared types,
         counted and fingerprinted there and written as one data file."""
-        with self._writing(spec, run_id, attempt_no, partition, take_over) as (table, directory):
+        with self._writing(spec, run_id, attempt_no, partition, take_over) as (table, directory, lock):
             schema = self._arrow_schema(table)
             present = set(self.columns_of(select_sql, params))
             missing = [c for c in spec.column_names if c not in present]
@@ -626,14 +664,15 @@ class IcebergWarehouse(WarehouseBackend):
                         f"{spec.name}.{spec.partition_column}: a row of partition {partition!r} holds "
                         f"{wrong[spec.partition_column][0].as_py()!r}", field=spec.partition_column)
             if data.num_rows:
-                self._write_file(directory / f"part-{attempt_no:03d}-00000.parquet", data)
-            return self._commit_marker(spec, run_id, attempt_no, partition, directory, data, table)
+                self._write_file(self.storage.join(directory, f"part-{attempt_no:03d}-00000.parquet"), data)
+            return self._commit_marker(spec, run_id, attempt_no, partition, directory, data, table, lock)
 
-    def _commit_marker(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, directory: Path,
-                       data, table) -> Marker:
+    def _commit_marker(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, directory: str,
+                       data, table, lock) -> Marker:
         """The numbers and fingerprint of the rows just written (the Arrow data in memory,
-        not the files read back), then the marker file (written aside, renamed into place:
-        it exists whole or not at all), then its index row."""
+        not the files read back), then the marker file (`Storage.write_whole`: it exists
+        whole or not at all), then its index row. A writer whose lease was taken over
+        (an attempt presumed dead) stops before its marker."""
         con = self.duck
         con.register("bf_staged", data)
         try:
@@ -646,25 +685,18 @@ class IcebergWarehouse(WarehouseBackend):
             "row_count": int(rows), "fingerprint": _fingerprint_of(upper, lower),
             "committed_at": _now().isoformat(), "null_keys": int(null_keys), "distinct_keys": int(distinct),
             "measure_sum": rounded_measure(measure), "numbers_of": spec.numbers_of,
-            "location": str(directory),
-            "files": sorted(p.name for p in directory.glob("*.parquet")),
+            "location": directory,
+            "files": sorted(self.storage.name(f) for f in self.storage.files(directory) if f.endswith(".parquet")),
             "columns": [f.name for f in table.schema().fields],
         }
-        staging = directory / f".{MARKER_FILE}.{uuid.uuid4().hex}"
-        with open(staging, "w") as out:
-            json.dump(marker, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(staging, directory / MARKER_FILE)
+        lock.confirm()
+        self.storage.write_whole(self.storage.join(directory, MARKER_FILE), json.dumps(marker))
         self._index_marker(marker)
         return self._to_marker(marker)
 
-    @staticmethod
-    def _read_marker_file(directory: Path) -> dict | None:
-        try:
-            return json.loads((directory / MARKER_FILE).read_text())
-        except FileNotFoundError:
-            return None
+    def _read_marker_file(self, directory: str) -> dict | None:
+        text = self.storage.read_text(self.storage.join(directory, MARKER_FILE))
+        return None if text is None else json.loads(text)
 
     def _index_marker(self, m: dict) -> None:
         self._sql(
@@ -785,7 +817,7 @@ class IcebergWarehouse(WarehouseBackend):
             key = (path, table.metadata.table_uuid, table.metadata.default_spec_id, table.metadata.current_schema_id)
             data_file = self._data_file_cache.get(key)
             if data_file is None:
-                data_file = parquet_file_to_data_file(table.io, table.metadata, f"file://{path}")
+                data_file = parquet_file_to_data_file(table.io, table.metadata, self.storage.uri(path))
                 # from_args drops spec_id (pyiceberg 0.12); a file read from a manifest has
                 # it, and a delete needs it.
                 data_file.spec_id = table.metadata.default_spec_id
@@ -874,11 +906,7 @@ class IcebergWarehouse(WarehouseBackend):
         from pyiceberg.exceptions import CommitFailedException
         from sqlalchemy.exc import OperationalError
 
-        snapshots = sorted(table.metadata.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
-        if len(snapshots) <= RETAINED_SNAPSHOTS:
-            return
-        protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
-        doomed = [s.snapshot_id for s in snapshots[:-RETAINED_SNAPSHOTS] if s.snapshot_id not in protected]
+        doomed = [s.snapshot_id for s in _beyond_retention(table)]
         if not doomed:
             return
         try:
@@ -889,6 +917,43 @@ class IcebergWarehouse(WarehouseBackend):
         except Exception:
             logger.warning("%s: expiring %d old snapshots failed; the next publish tries again",
                            table.name()[-1], len(doomed), exc_info=True)
+
+    def _expire_source_snapshots(self, table) -> None:
+        """After a source load's commit: once SOURCE_EXPIRY_BATCH loads have piled up past
+        the newest RETAINED_SNAPSHOTS, the older snapshots are expired and the data files
+        only they listed (rows a `replace` load replaced) are deleted; an append's files
+        are listed by every later snapshot and stay. Nothing here fails the load."""
+        from pyiceberg.exceptions import CommitFailedException
+        from sqlalchemy.exc import OperationalError
+
+        doomed = _beyond_retention(table)
+        if len(doomed) < SOURCE_EXPIRY_BATCH:
+            return
+        doomed_ids = {s.snapshot_id for s in doomed}
+        manifests: dict[str, set[str]] = {}
+
+        def files(snapshots) -> set[str]:
+            listed: set[str] = set()
+            for snapshot in snapshots:
+                for manifest in snapshot.manifests(table.io):
+                    if manifest.manifest_path not in manifests:
+                        manifests[manifest.manifest_path] = {
+                            e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True)}
+                    listed |= manifests[manifest.manifest_path]
+            return listed
+
+        try:
+            unreferenced = (files(doomed)
+                            - files(s for s in table.metadata.snapshots if s.snapshot_id not in doomed_ids))
+            table.maintenance.expire_snapshots().by_ids(sorted(doomed_ids)).commit()
+        except (CommitFailedException, OperationalError):
+            return  # a concurrent commit: a later load expires
+        except Exception:
+            logger.warning("%s: expiring %d old source snapshots failed; a later load tries again",
+                           table.name()[-1], len(doomed), exc_info=True)
+            return
+        for uri in sorted(unreferenced):
+            self.storage.delete(self.storage.engine_path(uri))
 
     def _record(self, table, snapshot_id: int) -> list[PublicationRecord]:
         """The history rows of one publishing snapshot, one per partition it moved
@@ -998,23 +1063,18 @@ class IcebergWarehouse(WarehouseBackend):
                                             if k.startswith(POINTER_PREFIX)}:
             raise PurgeRefused(f"run {run_id!r} is the current version of {spec.name}/{row and row['partition']}")
         if row is None:
-            removed = 0
             for path in self.run_files(spec, run_id):
-                Path(path).unlink(missing_ok=True)
-            return removed
+                self.storage.delete(path)
+            return 0
         self._sql("DELETE FROM bf_ice_markers WHERE run_id = :r", {"r": run_id}, write=True)
         table = self._load(spec.name)
         if run_id in {v for k, v in table.metadata.properties.items() if k.startswith(POINTER_PREFIX)}:
             self._index_marker(row)  # published meanwhile
             raise PurgeRefused(f"run {run_id!r} became the current version of {spec.name}/{row['partition']}")
-        self._expire_snapshots_listing(table, {f"file://{p}" for p in self._version_files(row)})
-        directory = Path(row["location"])
-        for leftover in directory.glob("*"):
-            leftover.unlink(missing_ok=True)
-        try:
-            directory.rmdir()
-        except OSError:
-            pass
+        self._expire_snapshots_listing(table, {self.storage.uri(p) for p in self._version_files(row)})
+        for leftover in self.storage.files(row["location"]):
+            self.storage.delete(leftover)
+        self.storage.remove_dir(row["location"])
         return int(row["row_count"])
 
     def _expire_snapshots_listing(self, table, paths: set[str]) -> None:
@@ -1033,24 +1093,24 @@ class IcebergWarehouse(WarehouseBackend):
     def sweep_orphans(self, spec_or_name: DatasetSpec | str) -> list[str]:
         """Delete what dead writers left under a dataset's `_runs/`: a run directory with
         no marker whose writer lock nobody holds (a live writer holds it for as long as it
-        writes). Returns the files deleted."""
+        writes; on an object store a dead writer's lease lapses `writer_lease` seconds
+        after its last renewal). Returns the files deleted."""
         name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
         deleted = []
-        for directory in sorted(Path(self.table_location(name)).glob("data/*/_runs/*")):
-            if (directory / MARKER_FILE).exists():
+        for directory, files in sorted(self._run_directories(name).items()):
+            if any(self.storage.name(f) == MARKER_FILE for f in files):
                 continue
-            with open(directory / LOCK_FILE, "a+") as lock:
-                try:
-                    fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # a live writer
-                if (directory / MARKER_FILE).exists():
-                    continue
-                for leftover in sorted(directory.glob("*")):
-                    if leftover.name != LOCK_FILE:
-                        leftover.unlink(missing_ok=True)
-                        deleted.append(str(leftover))
-        return deleted
+            if all(self.storage.name(f) == LOCK_FILE for f in files):
+                continue
+            lock = self._writer_lock(directory)
+            if not lock.try_acquire():
+                continue  # a live writer
+            try:
+                if self._read_marker_file(directory) is None:
+                    deleted += self._discard(directory)
+            finally:
+                lock.release()
+        return sorted(deleted)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -1100,7 +1160,8 @@ class IcebergWarehouse(WarehouseBackend):
         if table.current_snapshot() is not None:
             predicate = And(GreaterThanOrEqual(time_column, start.astimezone(timezone.utc).isoformat()),
                             LessThan(time_column, end.astimezone(timezone.utc).isoformat()))
-            files = [t.file.file_path.removeprefix("file://") for t in table.scan(row_filter=predicate).plan_files()]
+            files = [self.storage.engine_path(t.file.file_path)
+                     for t in table.scan(row_filter=predicate).plan_files()]
         source = self._files_source(files, columns, [n for n, _ in columns])
         return (f"(SELECT * FROM {source} AS s WHERE {_quote(time_column)} >= {self.ts_literal(start)} "
                 f"AND {_quote(time_column)} < {self.ts_literal(end)})")
@@ -1168,7 +1229,8 @@ class IcebergWarehouse(WarehouseBackend):
             if table is None:
                 try:
                     self.catalog.create_table(
-                        self._ident(spec.name), schema=schema, location=f"file://{self.table_location(spec.name)}",
+                        self._ident(spec.name), schema=schema,
+                        location=self.storage.uri(self.table_location(spec.name)),
                         properties={SOURCE_PROPERTY: "true", "commit.retry.num-retries": "0",
                                     "commit.manifest-merge.enabled": "true",
                                     "commit.manifest.min-count-to-merge": "8",
@@ -1202,6 +1264,7 @@ class IcebergWarehouse(WarehouseBackend):
                         txn.set_properties({LOAD_PREFIX + load_key: str(data.num_rows)})
             except CommitFailedException:
                 continue
+            self._expire_source_snapshots(table)
             return data.num_rows
         raise WarehouseLockTimeout(f"{spec.name}: 50 loads lost their commit to concurrent ones in a row")
 
@@ -1226,3 +1289,127 @@ class IcebergWarehouse(WarehouseBackend):
 
     def ts_literal(self, value: datetime) -> str:
         return f"TIMESTAMPTZ '{self.ts(value).isoformat(sep=' ')}'"
+
+
+class _FileLock:
+    """A local run directory's writer lock: an flock on its lock file, which the kernel
+    releases with a killed writer's process."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.handle = None
+
+    def _try(self) -> bool:
+        if self.handle is None:
+            self.handle = open(self.path, "a+")
+        try:
+            fcntl.flock(self.handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def acquire(self, *, take_over: bool, timeout: float) -> None:
+        """Wait for the lock; with `take_over` (the holder is a dead or frozen attempt of
+        this run) go on without it."""
+        deadline = time.monotonic() + timeout
+        while not self._try():
+            if take_over:
+                return
+            if time.monotonic() > deadline:
+                self.release()
+                raise WarehouseLockTimeout(f"another writer holds {self.path}")
+            time.sleep(0.05)
+
+    def try_acquire(self) -> bool:
+        if self._try():
+            return True
+        self.release()
+        return False
+
+    def confirm(self) -> None:
+        """Nothing to check: a local writer taken over shares the directory (its files are
+        its attempt's own) and the marker's index row is written once."""
+
+    def release(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+
+class _Lease:
+    """An object store's writer lock (it has no file locks): a row of `bf_ice_writers`
+    in the catalog database naming the run directory, a token and when it lapses. The
+    holder renews it every quarter of the lease from a thread of its own; a killed
+    holder's lapses. Taking over (an attempt presumed dead) overwrites the token, and the
+    old holder finds out at its next renewal or at `confirm`, before its marker.
+    Expiry is by the hosts' clocks: they must agree to well within the lease."""
+
+    def __init__(self, warehouse: IcebergWarehouse, location: str):
+        self.warehouse = warehouse
+        self.location = location
+        self.token = uuid.uuid4().hex
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _claim(self, *, force: bool) -> bool:
+        now = time.time()
+        params = {"l": self.location, "t": self.token, "e": now + self.warehouse.writer_lease, "now": now}
+        condition = "" if force else " WHERE bf_ice_writers.expires_at < :now"
+        self.warehouse._sql(
+            "INSERT INTO bf_ice_writers (location, token, expires_at) VALUES (:l, :t, :e) "
+            "ON CONFLICT (location) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at"
+            + condition, params, write=True)
+        held = self.warehouse._sql("SELECT token FROM bf_ice_writers WHERE location = :l", params)
+        return bool(held) and held[0][0] == self.token
+
+    def _renew(self) -> bool:
+        params = {"l": self.location, "t": self.token, "e": time.time() + self.warehouse.writer_lease}
+        self.warehouse._sql("UPDATE bf_ice_writers SET expires_at = :e WHERE location = :l AND token = :t",
+                            params, write=True)
+        held = self.warehouse._sql("SELECT token FROM bf_ice_writers WHERE location = :l", params)
+        return bool(held) and held[0][0] == self.token
+
+    def _heartbeat(self) -> None:
+        from sqlalchemy.exc import OperationalError
+
+        while not self._stop.wait(self.warehouse.writer_lease / 4):
+            try:
+                if not self._renew():
+                    self.lost = True
+                    return
+            except OperationalError:  # the catalog busy or away: the next beat tries again
+                logger.warning("renewing the writer lease of %s failed", self.location, exc_info=True)
+
+    def _held(self) -> None:
+        self._thread = threading.Thread(target=self._heartbeat, name="bf-ice-lease", daemon=True)
+        self._thread.start()
+
+    def acquire(self, *, take_over: bool, timeout: float) -> None:
+        self.warehouse.ensure_meta()
+        deadline = time.monotonic() + timeout
+        while not self._claim(force=take_over):
+            if time.monotonic() > deadline:
+                raise WarehouseLockTimeout(f"another writer holds the lease of {self.location}")
+            time.sleep(0.2)
+        self._held()
+
+    def try_acquire(self) -> bool:
+        self.warehouse.ensure_meta()
+        if not self._claim(force=False):
+            return False
+        self._held()
+        return True
+
+    def confirm(self) -> None:
+        if self.lost or not self._renew():
+            self.lost = True
+            raise WarehouseLockTimeout(f"the writer lease of {self.location} was taken over by another attempt")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        self.warehouse._sql("DELETE FROM bf_ice_writers WHERE location = :l AND token = :t",
+                            {"l": self.location, "t": self.token}, write=True)

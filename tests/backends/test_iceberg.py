@@ -3,7 +3,8 @@ runs on it too (test_contract.py, `iceberg` and `iceberg-postgresql`): a table t
 published, read back by pyiceberg alone in another process, is exactly the version the
 portal reports, and after a rollback the previous one; history survives a crash between
 the Iceberg commit and its row; retention deletes only files no retained snapshot or
-version needs; the orphan sweep never touches a live writer's files."""
+version needs; the orphan sweep never touches a live writer's files. Each on a local
+warehouse and on one in a bucket of an S3 API server (moto's)."""
 from __future__ import annotations
 
 import json
@@ -29,17 +30,24 @@ READ_BACK = textwrap.dedent(
     import json, sys
     from pyiceberg.catalog.sql import SqlCatalog
 
-    name, uri, warehouse, table_name, partition = sys.argv[1:6]
-    table = SqlCatalog(name, uri=uri, warehouse=warehouse).load_table(table_name)
+    name, uri, warehouse, table_name, partition, properties = sys.argv[1:7]
+    table = SqlCatalog(name, uri=uri, warehouse=warehouse, **json.loads(properties)).load_table(table_name)
     rows = table.scan(row_filter=f"_partition = '{partition}'").to_arrow().to_pylist()
     print(json.dumps(rows, default=lambda v: v.isoformat()))
     """
 )
 
 
-@pytest.fixture
-def wh(tmp_path):
-    warehouse = make_warehouse(f"iceberg+sqlite:///{tmp_path / 'catalog.db'}?warehouse={tmp_path / 'iceberg'}")
+@pytest.fixture(params=["local", "s3"])
+def wh(request, tmp_path):
+    """An Iceberg warehouse with its files under tmp_path, or in a bucket of an S3 API server."""
+    if request.param == "s3":
+        from tests.conftest import iceberg_s3_url
+
+        url = iceberg_s3_url(tmp_path, request.getfixturevalue("s3_endpoint"))
+    else:
+        url = f"iceberg+sqlite:///{tmp_path / 'catalog.db'}?warehouse={tmp_path / 'iceberg'}"
+    warehouse = make_warehouse(url)
     yield warehouse
     warehouse.close()
 
@@ -47,8 +55,8 @@ def wh(tmp_path):
 def read_back(wh, partition: str = DAY) -> list[dict]:
     """The partition as pyiceberg alone reads it, in a process of its own (no portal code)."""
     done = subprocess.run(
-        [sys.executable, "-c", READ_BACK, wh.catalog_name, wh.catalog_uri, f"file://{wh.warehouse_path}", f"{wh.namespace}.orders",
-         partition],
+        [sys.executable, "-c", READ_BACK, wh.catalog_name, wh.catalog_uri, wh.warehouse_uri, f"{wh.namespace}.orders",
+         partition, json.dumps(wh.io_properties)],
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""}, cwd="/")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -111,12 +119,12 @@ def test_purge_keeps_every_file_a_retained_version_or_snapshot_needs(wh):
 
     assert wh.purge(spec=ORDERS, run_id="run-a") == 20
 
-    assert purged_files and not any(Path(p).exists() for p in purged_files)
+    assert purged_files and not any(wh.storage.exists(p) for p in purged_files)
     table = wh.catalog.load_table(f"{wh.namespace}.orders")
     for snapshot in table.snapshots():  # every snapshot Iceberg still offers is readable
         for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
-            assert Path(task.file.file_path.removeprefix("file://")).exists()
-    assert all(Path(p).exists() for run in ("run-b", "run-c") for p in wh.run_files(ORDERS, run))
+            assert wh.storage.exists(wh.storage.engine_path(task.file.file_path))
+    assert all(wh.storage.exists(p) for run in ("run-b", "run-c") for p in wh.run_files(ORDERS, run))
     wh.rollback(name="orders", partition=DAY, to_run_id="run-b", expected_run_id="run-c", actor="oncall")
     assert {r["_run_id"] for r in read_back(wh)} == {"run-b"}
 
@@ -148,7 +156,7 @@ def test_readers_plan_over_as_many_manifests_after_25_publishes_as_after_2_and_o
     assert len(table.snapshots()) == RETAINED_SNAPSHOTS
     for snapshot in table.snapshots():  # every snapshot still offered is readable
         for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
-            assert Path(task.file.file_path.removeprefix("file://")).exists()
+            assert wh.storage.exists(wh.storage.engine_path(task.file.file_path))
     # The history outlives the snapshots, the row the dead publisher missed included.
     history = make_warehouse(wh.url).history("orders", DAY)
     assert [(r.run_id, r.actor) for r in history] == [(f"run-{i}", f"user-{i}") for i in reversed(range(25))]
@@ -212,9 +220,50 @@ def test_warehouse_urls_are_checked_in_one_line(tmp_path):
         make_warehouse("iceberg+mysql://h/d")
     with pytest.raises(ValidationError, match="warehouse=<path> is required"):
         make_warehouse("iceberg+postgresql://h/d")
-    with pytest.raises(ValidationError, match="local warehouse path"):
-        make_warehouse(f"iceberg+sqlite:///{tmp_path / 'c.db'}?warehouse=s3://bucket/wh")
+    with pytest.raises(ValidationError, match="not a local path or an object store this backend reaches"):
+        make_warehouse(f"iceberg+sqlite:///{tmp_path / 'c.db'}?warehouse=gs://bucket/wh")
+    with pytest.raises(ValidationError, match="names no bucket"):
+        make_warehouse(f"iceberg+sqlite:///{tmp_path / 'c.db'}?warehouse=s3:///wh")
     with pytest.raises(WarehouseUnavailable):
         make_warehouse(f"iceberg+sqlite:///{tmp_path / 'missing' / 'c.db'}").probe(timeout=2)
     make_warehouse(f"iceberg+sqlite:///{tmp_path / 'c.db'}").probe(timeout=2)
     assert not (tmp_path / "c.db").exists() or (tmp_path / "c.db").stat().st_size == 0
+
+
+def test_a_source_keeps_its_newest_snapshots_and_loses_only_the_files_a_replace_left(wh):
+    from backfill_portal.backends.iceberg import RETAINED_SNAPSHOTS, SOURCE_EXPIRY_BATCH
+    from tests.backends.test_sources import EVENTS, read, rows
+
+    def live_files() -> list[str]:
+        table = wh.catalog.load_table(f"{wh.namespace}.{EVENTS.name}")
+        return [wh.storage.engine_path(t.file.file_path) for t in table.scan().plan_files()]
+
+    wh.load_source(spec=EVENTS, rows=rows(50), time_column="event_time", load_key="first")
+    replaced = live_files()
+    wh.load_source(spec=EVENTS, rows=rows(40, start=1000), time_column="event_time", load_key="again", replace=True)
+    loads = RETAINED_SNAPSHOTS + SOURCE_EXPIRY_BATCH
+    for i in range(loads):
+        wh.load_source(spec=EVENTS, rows=rows(1, start=2000 + i), time_column="event_time", load_key=f"k{i}")
+
+    table = wh.catalog.load_table(f"{wh.namespace}.{EVENTS.name}")
+    assert RETAINED_SNAPSHOTS <= len(table.snapshots()) < RETAINED_SNAPSHOTS + SOURCE_EXPIRY_BATCH
+    assert replaced and not any(wh.storage.exists(f) for f in replaced)
+    for snapshot in table.snapshots():  # every snapshot still offered is readable
+        for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
+            assert wh.storage.exists(wh.storage.engine_path(task.file.file_path))
+    assert all(wh.storage.exists(f) for f in live_files())
+    assert [r[0] for r in read(wh)] == [f"e{i:05d}" for i in [*range(1000, 1040), *range(2000, 2000 + loads)]]
+    assert set(wh.source_loads(EVENTS.name)) == {"again", *(f"k{i}" for i in range(loads))}
+
+
+def test_an_object_store_warehouse_is_ready_only_when_its_bucket_answers(tmp_path, s3_endpoint):
+    from tests.conftest import iceberg_s3_url
+
+    url = iceberg_s3_url(tmp_path, s3_endpoint)
+    make_warehouse(url).probe(timeout=2)
+    with pytest.raises(WarehouseUnavailable, match="does not exist"):
+        make_warehouse(url.replace("warehouse=s3://", "warehouse=s3://missing-")).probe(timeout=2)
+    with pytest.raises(WarehouseUnavailable):  # nothing listens there
+        make_warehouse(url.replace(s3_endpoint, "http://127.0.0.1:9")).probe(timeout=2)
+    with pytest.raises(ValidationError, match="writer_lease=0 must be seconds"):
+        make_warehouse(url.replace("writer_lease=2", "writer_lease=0"))

@@ -2,7 +2,8 @@
 Iceberg tables through the source seam (`load_source`), a backfill of the demo's
 catalog runs, verifies and publishes on DuckDB over them, and a separate process reading
 the table with pyiceberg alone (no portal code) sees exactly the version the portal
-reports; the source is a plain Iceberg table for it too."""
+reports; the source is a plain Iceberg table for it too. On a local warehouse and on one
+in a bucket of an S3 API server."""
 from __future__ import annotations
 
 import json
@@ -27,8 +28,8 @@ import json, sys
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.expressions import EqualTo
 
-uri, warehouse, namespace, partition = sys.argv[1:5]
-catalog = SqlCatalog("backfill", uri=uri, warehouse=warehouse)
+uri, warehouse, namespace, partition, properties = sys.argv[1:6]
+catalog = SqlCatalog("backfill", uri=uri, warehouse=warehouse, **json.loads(properties))
 items = catalog.load_table(f"{namespace}.dwd_order_items").scan(row_filter=EqualTo("_partition", partition)).to_arrow()
 events = catalog.load_table(f"{namespace}.ods_order_events").scan().to_arrow()
 rows = items.to_pylist()
@@ -42,7 +43,7 @@ print(json.dumps({
 """
 
 
-@pytest.mark.parametrize("warehouse_url", ["iceberg"], indirect=True)
+@pytest.mark.parametrize("warehouse_url", ["iceberg", "iceberg-s3"], indirect=True)
 def test_the_demo_loads_runs_and_publishes_on_iceberg_and_pyiceberg_reads_it_back(personas, task_queue, warehouse):
     assert isinstance(warehouse, IcebergWarehouse)
     call_command("load_demo", first="2022-09-30", last="2022-10-02", orders_per_day=120, page_views_per_hour=6,
@@ -65,8 +66,8 @@ def test_the_demo_loads_runs_and_publishes_on_iceberg_and_pyiceberg_reads_it_bac
     assert len(published) == version.row_count > 0
 
     out = subprocess.run(
-        [sys.executable, "-c", READER, warehouse.catalog_uri, f"file://{warehouse.warehouse_path}",
-         warehouse.namespace, "2022-10-01"],
+        [sys.executable, "-c", READER, warehouse.catalog_uri, warehouse.warehouse_uri,
+         warehouse.namespace, "2022-10-01", json.dumps(warehouse.io_properties)],
         capture_output=True, text=True, timeout=120, check=True)
     seen = json.loads(out.stdout)
     assert seen["run_ids"] == [run.run_id]
