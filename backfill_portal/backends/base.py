@@ -562,6 +562,13 @@ class WarehouseBackend(abc.ABC):
         """Delete a version and its marker; return the rows deleted. PurgeRefused while
         the version is current anywhere. Which versions to keep is the caller's policy."""
 
+    def sweep_orphans(self, spec_or_name: DatasetSpec | str) -> list[str]:
+        """Delete what dead writers of a dataset left that no reader sees and no marker
+        names (never a live writer's); return what was deleted. Retention calls it for
+        every produced dataset. A transactional warehouse has nothing to sweep: the
+        database rolls back a dead writer's transaction; a files layout (Iceberg) does."""
+        return []
+
     # -- reading ----------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -9,7 +9,9 @@ purged through `Warehouse.purge` unless it is:
 - rolled back less than a window ago (kept for diagnosis);
 - already purged.
 
-Each purge sets Version.purged_at and writes an audit row. Safe to run twice: the
+Each purge sets Version.purged_at and writes an audit row. What writers that died
+before their commit marker left (a files layout's run directories) is swept too
+(`warehouse_orphans_sweep`). Safe to run twice: the
 warehouse step deletes nothing the second time and the mirror is a conditional update.
 
 OpenLineage events (`LineageEvent`) delivered more than LINEAGE_EVENT_RETENTION_DAYS
@@ -104,6 +106,27 @@ def versions_purge_expired(*, actor=None, now=None, days: int | None = None) -> 
     if purged:
         logger.info("retention purged %d version(s), %d row(s); kept %d", purged, rows, kept)
     return {"purged": purged, "rows": rows, "kept": kept, "cutoff": cutoff.isoformat()}
+
+
+def warehouse_orphans_sweep(*, actor=None) -> dict:
+    """Delete what dead writers left in the warehouse (`sweep_orphans`, per produced
+    dataset: an Iceberg run directory without a marker whose writer's lock or lease is
+    gone), one audit row per dataset that had any. Returns counts."""
+    warehouse = get_warehouse()
+    files = datasets = 0
+    for dataset in Dataset.objects.filter(is_source=False).order_by("name"):
+        deleted = warehouse.sweep_orphans(dataset.name)
+        if not deleted:
+            continue
+        with transaction.atomic():
+            audit_record(actor=actor, action="warehouse.orphans_swept", object_type="dataset",
+                         object_id=dataset.pk, dataset=dataset.name,
+                         reason="files of writers that died before their commit marker",
+                         data={"files": len(deleted), "first": deleted[:5]})
+        logger.info("retention swept %d orphaned file(s) of %s", len(deleted), dataset.name)
+        files += len(deleted)
+        datasets += 1
+    return {"files": files, "datasets": datasets}
 
 
 def lineage_events_purge_expired(*, actor=None, now=None, days: int | None = None) -> dict:

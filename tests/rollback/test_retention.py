@@ -12,6 +12,7 @@ from backfill_portal.execution.models import Run
 from backfill_portal.recovery.tasks import purge_versions
 from backfill_portal.warehouse.models import Version
 from backfill_portal.recovery.rollback import partition_rollback
+from tests.conftest import ALSO_ON_ICEBERG
 from tests.reconciliation.helpers import run_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,3 +80,29 @@ def test_retention_window_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv("VERSION_RETENTION_DAYS")
     assert importlib.reload(portal_settings).VERSION_RETENTION_DAYS == 30
     assert portal_settings.CELERY_BEAT_SCHEDULE["purge-versions"]["task"] == "execution.purge_versions"
+
+
+@ALSO_ON_ICEBERG
+def test_retention_sweeps_what_a_dead_writer_left_and_nothing_a_reader_or_a_marker_needs(
+        personas, ready, warehouse, warehouse_url):
+    import pyarrow as pa
+
+    published = Run.objects.get(request=run_request(personas, ready, start=DAY, end=DAY))
+    spec = spec_for(published.job.dataset)
+    before = warehouse.read_partition(spec.name, DAY)
+    dead = []
+    if hasattr(warehouse, "run_files"):  # a files layout: a writer killed before its marker left a file
+        directory = warehouse.run_location(spec, DAY, "run-killed-writer")
+        warehouse.storage.make_dir(directory)
+        dead = [warehouse.storage.join(directory, "part-001-00000.parquet")]
+        warehouse.storage.write_parquet(dead[0], pa.table({"order_id": ["o-1"]}))
+
+    counts = purge_versions.apply().get()
+
+    assert counts["orphan_files_deleted"] == len(dead)
+    assert not any(warehouse.storage.exists(f) for f in dead)
+    events = AuditEvent.objects.filter(action="warehouse.orphans_swept")
+    assert [(e.dataset, e.data["files"]) for e in events] == ([(spec.name, 1)] if dead else [])
+    assert warehouse.read_partition(spec.name, DAY) == before
+    assert warehouse.marker(published.run_id) is not None
+    assert purge_versions.apply().get()["orphan_files_deleted"] == 0
