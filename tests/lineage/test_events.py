@@ -218,3 +218,18 @@ def test_the_file_transport_appends_one_event_a_line(personas, ready, settings, 
     for event in events:
         openlineage_spec.validate(event)
     assert events == [e.payload for e in LineageEvent.objects.order_by("id")]
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("postgresql://u@db.example:5433/wh", ("postgres://db.example:5433", "wh.public.orders")),
+    ("iceberg+postgresql://u@db/catalog?warehouse=s3://lake/portal&s3.region=eu-west-1",
+     ("s3://lake", "portal/backfill/orders")),
+    ("iceberg+sqlite:////srv/cat.db?warehouse=/srv/iceberg&namespace=dw", ("file", "/srv/iceberg/dw/orders")),
+    ("iceberg+sqlite:////srv/cat.db", ("file", "/srv/iceberg-warehouse/backfill/orders")),
+])
+def test_datasets_are_named_where_their_rows_are_as_openlineage_names_them(settings, url, expected):
+    from backfill_portal.execution.lineage_out.events import dataset_identity
+
+    settings.WAREHOUSE_URL = url
+    settings.OPENLINEAGE_DATASET_NAMESPACE = ""
+    assert dataset_identity("orders") == expected

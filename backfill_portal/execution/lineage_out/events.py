@@ -13,10 +13,11 @@ times) and turned into the JSON dict that is stored and sent. Identity:
 from __future__ import annotations
 
 import logging
+import posixpath
 import uuid
 from collections import defaultdict
 from datetime import datetime, timezone as dt_timezone
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import attr
 from django.conf import settings
@@ -132,10 +133,24 @@ class BackfillPortalPublicationOutputDatasetFacet(OutputDatasetFacet):
 
 
 def dataset_identity(name: str) -> tuple[str, str]:
-    """(namespace, name) of a warehouse table, per OpenLineage's naming spec."""
+    """(namespace, name) of a warehouse table, per OpenLineage's naming spec: a
+    PostgreSQL table by its server, database and schema; an Iceberg table by where its
+    files are (`s3://<bucket>` and the key path, or `file` and the local path), as
+    Spark's and Trino's integrations name Iceberg tables."""
     url = urlsplit(settings.WAREHOUSE_URL)
     scheme = url.scheme.split("+")[0]
-    if scheme in ("postgres", "postgresql"):
+    if scheme == "iceberg":
+        query = parse_qs(url.query)
+        warehouse = (query.get("warehouse") or [""])[0]
+        if not warehouse and url.scheme.endswith("sqlite"):  # the backend's default: beside the catalog file
+            warehouse = posixpath.join(posixpath.dirname(posixpath.abspath(url.path[1:])), "iceberg-warehouse")
+        table = posixpath.join(warehouse.removeprefix("file://"), (query.get("namespace") or ["backfill"])[0], name)
+        location = urlsplit(table)
+        if location.scheme and location.netloc:
+            namespace, qualified = f"{location.scheme}://{location.netloc}", location.path.lstrip("/")
+        else:
+            namespace, qualified = "file", posixpath.abspath(table)
+    elif scheme in ("postgres", "postgresql"):
         namespace = f"postgres://{url.hostname or 'localhost'}:{url.port or 5432}"
         qualified = f"{url.path.lstrip('/') or 'postgres'}.public.{name}"
     elif scheme == "sqlite":
