@@ -295,8 +295,15 @@ class IcebergWarehouse(WarehouseBackend):
                         self._catalog = SqlCatalog(CATALOG_NAME, uri=self.catalog_uri,
                                                    warehouse=self.warehouse_uri, **self.io_properties)
                     except Exception as exc:
-                        raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_uri}: {exc}") from exc
+                        raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_label}: {exc}") from exc
         return self._catalog
+
+    @property
+    def catalog_label(self) -> str:
+        """The catalog's URL fit for a message or a log: its password masked."""
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.catalog_uri).render_as_string(hide_password=True)
 
     @property
     def warehouse_uri(self) -> str:
@@ -335,13 +342,13 @@ class IcebergWarehouse(WarehouseBackend):
         if self.catalog_uri.startswith("postgresql"):
             args = {"connect_timeout": max(1, int(timeout or 5))}
         elif not Path(self.catalog_uri.removeprefix("sqlite:///")).parent.is_dir():
-            raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_uri}: its directory does not exist")
+            raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_label}: its directory does not exist")
         engine = sqlalchemy.create_engine(self.catalog_uri, connect_args=args, poolclass=sqlalchemy.pool.NullPool)
         try:
             with engine.connect() as conn:
                 conn.execute(sqlalchemy.text("SELECT 1"))
         except Exception as exc:
-            raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_uri}: {exc}") from exc
+            raise WarehouseUnavailable(f"Iceberg catalog {self.catalog_label}: {exc}") from exc
         finally:
             engine.dispose()
         self.storage.probe()

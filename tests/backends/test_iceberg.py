@@ -267,3 +267,10 @@ def test_an_object_store_warehouse_is_ready_only_when_its_bucket_answers(tmp_pat
         make_warehouse(url.replace(s3_endpoint, "http://127.0.0.1:9")).probe(timeout=2)
     with pytest.raises(ValidationError, match="writer_lease=0 must be seconds"):
         make_warehouse(url.replace("writer_lease=2", "writer_lease=0"))
+
+
+def test_an_unreachable_catalog_is_named_without_its_password():
+    wh = make_warehouse("iceberg+postgresql://portal:s3cret-pw@127.0.0.1:9/catalog?warehouse=/tmp/unused")
+    with pytest.raises(WarehouseUnavailable) as caught:
+        wh.probe(timeout=1)
+    assert "s3cret-pw" not in str(caught.value) and "portal:***@127.0.0.1:9/catalog" in str(caught.value)
