@@ -27,6 +27,7 @@ there).
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import logging
@@ -517,7 +518,7 @@ class IcebergWarehouse(WarehouseBackend):
     def _begin(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, take_over: bool):
         """Ready to write: the table exists, the run has no marker, this process holds
         the run's writer lock (`_writer_lock`), and what a dead attempt left is gone.
-        Returns (table, directory, lock)."""
+        Returns the attempt's `_Staging`."""
         self._check_run(run_id=run_id, attempt_no=attempt_no, partition=partition)
         self.ensure_dataset(spec)
         existing = self.marker(run_id)
@@ -537,20 +538,22 @@ class IcebergWarehouse(WarehouseBackend):
         except BaseException:
             lock.release()
             raise
-        return table, directory, lock
+        return _Staging(table=table, directory=directory, lock=lock)
 
     @contextmanager
     def _writing(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, take_over: bool):
-        """One attempt's writing (`_begin`), as (table, directory, lock): whatever it raises,
-        the files it wrote are discarded; the writer lock is released either way."""
-        table, directory, lock = self._begin(spec, run_id, attempt_no, partition, take_over)
+        """One attempt's writing (`_begin`), as its `_Staging`: whatever it raises, the
+        files this attempt wrote are deleted (never another's: an attempt taken over must
+        not delete what its successor committed); the writer lock is released either way."""
+        staging = self._begin(spec, run_id, attempt_no, partition, take_over)
         try:
-            yield table, directory, lock
+            yield staging
         except BaseException:
-            self._discard(directory)
+            for written in staging.files:
+                self.storage.delete(written)
             raise
         finally:
-            lock.release()
+            staging.lock.release()
 
     def _writer_lock(self, directory: str):
         """The lock a run directory's writer holds while it writes, and the sweep takes
@@ -575,8 +578,8 @@ class IcebergWarehouse(WarehouseBackend):
         sweep deletes)."""
         import pyarrow as pa
 
-        with self._writing(spec, run_id, attempt_no, partition, take_over) as (table, directory, lock):
-            schema = self._arrow_schema(table)
+        with self._writing(spec, run_id, attempt_no, partition, take_over) as staging:
+            schema = self._arrow_schema(staging.table)
             converters = [_converter(c) for c in spec.columns]
             written: list = []
             chunk: list[tuple] = []
@@ -586,7 +589,7 @@ class IcebergWarehouse(WarehouseBackend):
                 nonlocal chunk, n
                 if chunk:
                     batch = self._batch(pa, schema, spec, chunk, run_id, attempt_no, partition)
-                    self._write_file(self.storage.join(directory, f"part-{attempt_no:03d}-{n:05d}.parquet"), batch)
+                    self._write_file(staging, f"part-{attempt_no:03d}-{n:05d}.parquet", batch)
                     written.append(batch)
                     n += 1
                     chunk = []
@@ -597,7 +600,7 @@ class IcebergWarehouse(WarehouseBackend):
                     flush()
             flush()
             data = pa.Table.from_batches(written, schema=schema) if written else schema.empty_table()
-            return self._commit_marker(spec, run_id, attempt_no, partition, directory, data, table, lock)
+            return self._commit_marker(spec, run_id, attempt_no, partition, staging, data)
 
     @staticmethod
     def _convert_row(spec: DatasetSpec, converters, row: Sequence, partition: str) -> tuple:
@@ -626,9 +629,12 @@ class IcebergWarehouse(WarehouseBackend):
                 arrays.append(pa.nulls(len(chunk), type=field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    def _write_file(self, location: str, data) -> None:
+    def _write_file(self, staging: _Staging, name: str, data) -> None:
+        """A data file of the attempt in its run directory, recorded as the attempt's."""
         import pyarrow as pa
 
+        location = self.storage.join(staging.directory, name)
+        staging.files.append(location)
         self.storage.write_parquet(location, data if isinstance(data, pa.Table) else pa.Table.from_batches([data]))
 
     def _discard(self, directory: str) -> list[str]:
@@ -642,7 +648,8 @@ class IcebergWarehouse(WarehouseBackend):
                      select_sql: str, params: Sequence = (), take_over: bool = False) -> Marker:
         """DuckDB runs the SELECT into Arrow; the rows are cast to the declared types,
         counted and fingerprinted there and written as one data file."""
-        with self._writing(spec, run_id, attempt_no, partition, take_over) as (table, directory, lock):
+        with self._writing(spec, run_id, attempt_no, partition, take_over) as staging:
+            table = staging.table
             schema = self._arrow_schema(table)
             present = set(self.columns_of(select_sql, params))
             missing = [c for c in spec.column_names if c not in present]
@@ -671,11 +678,11 @@ class IcebergWarehouse(WarehouseBackend):
                         f"{spec.name}.{spec.partition_column}: a row of partition {partition!r} holds "
                         f"{wrong[spec.partition_column][0].as_py()!r}", field=spec.partition_column)
             if data.num_rows:
-                self._write_file(self.storage.join(directory, f"part-{attempt_no:03d}-00000.parquet"), data)
-            return self._commit_marker(spec, run_id, attempt_no, partition, directory, data, table, lock)
+                self._write_file(staging, f"part-{attempt_no:03d}-00000.parquet", data)
+            return self._commit_marker(spec, run_id, attempt_no, partition, staging, data)
 
-    def _commit_marker(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, directory: str,
-                       data, table, lock) -> Marker:
+    def _commit_marker(self, spec: DatasetSpec, run_id: str, attempt_no: int, partition: str, staging: _Staging,
+                       data) -> Marker:
         """The numbers and fingerprint of the rows just written (the Arrow data in memory,
         not the files read back), then the marker file (`Storage.write_whole`: it exists
         whole or not at all), then its index row. A writer whose lease was taken over
@@ -692,12 +699,12 @@ class IcebergWarehouse(WarehouseBackend):
             "row_count": int(rows), "fingerprint": _fingerprint_of(upper, lower),
             "committed_at": _now().isoformat(), "null_keys": int(null_keys), "distinct_keys": int(distinct),
             "measure_sum": rounded_measure(measure), "numbers_of": spec.numbers_of,
-            "location": directory,
-            "files": sorted(self.storage.name(f) for f in self.storage.files(directory) if f.endswith(".parquet")),
-            "columns": [f.name for f in table.schema().fields],
+            "location": staging.directory,
+            "files": sorted(self.storage.name(f) for f in staging.files),
+            "columns": [f.name for f in staging.table.schema().fields],
         }
-        lock.confirm()
-        self.storage.write_whole(self.storage.join(directory, MARKER_FILE), json.dumps(marker))
+        staging.lock.confirm()
+        self.storage.write_whole(self.storage.join(staging.directory, MARKER_FILE), json.dumps(marker))
         self._index_marker(marker)
         return self._to_marker(marker)
 
@@ -1298,6 +1305,18 @@ class IcebergWarehouse(WarehouseBackend):
         return f"TIMESTAMPTZ '{self.ts(value).isoformat(sep=' ')}'"
 
 
+@dataclasses.dataclass
+class _Staging:
+    """One attempt's writing: the table as it began, the run directory, the writer lock,
+    and the data files this attempt has written (what its marker lists and what a failure
+    deletes)."""
+
+    table: Any
+    directory: str
+    lock: Any
+    files: list[str] = dataclasses.field(default_factory=list)
+
+
 class _FileLock:
     """A local run directory's writer lock: an flock on its lock file, which the kernel
     releases with a killed writer's process."""
@@ -1363,19 +1382,17 @@ class _Lease:
         now = time.time()
         params = {"l": self.location, "t": self.token, "e": now + self.warehouse.writer_lease, "now": now}
         condition = "" if force else " WHERE bf_ice_writers.expires_at < :now"
-        self.warehouse._sql(
+        # A row comes back only if this statement inserted the lease or took it over.
+        return bool(self.warehouse._sql(
             "INSERT INTO bf_ice_writers (location, token, expires_at) VALUES (:l, :t, :e) "
             "ON CONFLICT (location) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at"
-            + condition, params, write=True)
-        held = self.warehouse._sql("SELECT token FROM bf_ice_writers WHERE location = :l", params)
-        return bool(held) and held[0][0] == self.token
+            + condition + " RETURNING token", params, write=True))
 
     def _renew(self) -> bool:
         params = {"l": self.location, "t": self.token, "e": time.time() + self.warehouse.writer_lease}
-        self.warehouse._sql("UPDATE bf_ice_writers SET expires_at = :e WHERE location = :l AND token = :t",
-                            params, write=True)
-        held = self.warehouse._sql("SELECT token FROM bf_ice_writers WHERE location = :l", params)
-        return bool(held) and held[0][0] == self.token
+        return bool(self.warehouse._sql(
+            "UPDATE bf_ice_writers SET expires_at = :e WHERE location = :l AND token = :t RETURNING token",
+            params, write=True))
 
     def _heartbeat(self) -> None:
         from sqlalchemy.exc import OperationalError

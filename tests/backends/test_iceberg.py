@@ -274,3 +274,42 @@ def test_an_unreachable_catalog_is_named_without_its_password():
     with pytest.raises(WarehouseUnavailable) as caught:
         wh.probe(timeout=1)
     assert "s3cret-pw" not in str(caught.value) and "portal:***@127.0.0.1:9/catalog" in str(caught.value)
+
+
+def test_an_attempt_taken_over_on_an_object_store_stops_before_its_marker(tmp_path, s3_endpoint):
+    from backfill_portal.backends import WarehouseLockTimeout
+    from tests.conftest import iceberg_s3_url
+
+    wh = make_warehouse(iceberg_s3_url(tmp_path, s3_endpoint))
+    wh.ensure_dataset(ORDERS)
+    halfway, go_on = threading.Event(), threading.Event()
+
+    def frozen_rows():
+        for i, row in enumerate(order_rows(300)):
+            if i == 200:
+                halfway.set()
+                go_on.wait(60)
+            yield row
+
+    outcome = []
+
+    def first_attempt():
+        try:
+            outcome.append(stage(wh, "run-x", frozen_rows(), chunk_size=100))
+        except WarehouseLockTimeout as exc:
+            outcome.append(exc)
+
+    frozen = threading.Thread(target=first_attempt)
+    frozen.start()
+    try:
+        assert halfway.wait(60)
+        second = stage(wh, "run-x", order_rows(50, seed=3), attempt_no=2, take_over=True)
+    finally:
+        go_on.set()
+        frozen.join(60)
+
+    assert isinstance(outcome[0], WarehouseLockTimeout)
+    assert wh.marker("run-x").attempt_no == second.attempt_no == 2
+    assert wh.marker("run-x").row_count == 50
+    assert count_written_rows(wh, "run-x") == 50  # the version is the second attempt's files alone
+    wh.close()
