@@ -404,6 +404,10 @@ class IcebergWarehouse(WarehouseBackend):
         """Where a dataset's table is (a local directory or an object store prefix)."""
         return self.storage.join(self.warehouse_path, self.namespace, name)
 
+    def table_uri(self, name: str) -> str:
+        """Where a dataset's table is, as Iceberg and lineage name it (file:///... or s3://...)."""
+        return self.storage.uri(self.table_location(name))
+
     def _load(self, name: str):
         """The table as the catalog has it now, or None."""
         from pyiceberg.exceptions import NoSuchTableError
@@ -442,7 +446,7 @@ class IcebergWarehouse(WarehouseBackend):
                 try:
                     self.catalog.create_table(
                         self._ident(spec.name), schema=schema, partition_spec=partitioning,
-                        location=self.storage.uri(self.table_location(spec.name)),
+                        location=self.table_uri(spec.name),
                         properties={"commit.retry.num-retries": "0", "bf.partition-column": spec.partition_key_column,
                                     "schema.name-mapping.default": schema.name_mapping.model_dump_json()})
                 except TableAlreadyExistsError:
@@ -1244,7 +1248,7 @@ class IcebergWarehouse(WarehouseBackend):
                 try:
                     self.catalog.create_table(
                         self._ident(spec.name), schema=schema,
-                        location=self.storage.uri(self.table_location(spec.name)),
+                        location=self.table_uri(spec.name),
                         properties={SOURCE_PROPERTY: "true", "commit.retry.num-retries": "0",
                                     "commit.manifest-merge.enabled": "true",
                                     "commit.manifest.min-count-to-merge": "8",

@@ -13,11 +13,10 @@ times) and turned into the JSON dict that is stored and sent. Identity:
 from __future__ import annotations
 
 import logging
-import posixpath
 import uuid
 from collections import defaultdict
 from datetime import datetime, timezone as dt_timezone
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import attr
 from django.conf import settings
@@ -37,7 +36,7 @@ from openlineage.client.generated import (
 )
 from openlineage.client.serde import Serde
 
-from backfill_portal.backends import get_warehouse
+from backfill_portal.backends import get_warehouse, make_warehouse
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.catalog.specs import spec_for
 from backfill_portal.execution.choices import RunStatus as S
@@ -139,17 +138,12 @@ def dataset_identity(name: str) -> tuple[str, str]:
     Spark's and Trino's integrations name Iceberg tables."""
     url = urlsplit(settings.WAREHOUSE_URL)
     scheme = url.scheme.split("+")[0]
-    if scheme == "iceberg":
-        query = parse_qs(url.query)
-        warehouse = (query.get("warehouse") or [""])[0]
-        if not warehouse and url.scheme.endswith("sqlite"):  # the backend's default: beside the catalog file
-            warehouse = posixpath.join(posixpath.dirname(posixpath.abspath(url.path[1:])), "iceberg-warehouse")
-        table = posixpath.join(warehouse.removeprefix("file://"), (query.get("namespace") or ["backfill"])[0], name)
-        location = urlsplit(table)
-        if location.scheme and location.netloc:
-            namespace, qualified = f"{location.scheme}://{location.netloc}", location.path.lstrip("/")
+    if scheme == "iceberg":  # the backend says where its tables are (its URL's defaults included)
+        location = urlsplit(make_warehouse(settings.WAREHOUSE_URL).table_uri(name))
+        if location.scheme == "file":
+            namespace, qualified = "file", location.path
         else:
-            namespace, qualified = "file", posixpath.abspath(table)
+            namespace, qualified = f"{location.scheme}://{location.netloc}", location.path.lstrip("/")
     elif scheme in ("postgres", "postgresql"):
         namespace = f"postgres://{url.hostname or 'localhost'}:{url.port or 5432}"
         qualified = f"{url.path.lstrip('/') or 'postgres'}.public.{name}"
