@@ -37,6 +37,7 @@ it (reader_cost_iceberg.py). The dataset and its rows are benchmarks/_setup.py's
 from __future__ import annotations
 
 import os
+import dataclasses
 import runpy
 import statistics
 import sys
@@ -60,10 +61,14 @@ if os.environ.get("WAREHOUSE_URL", "").startswith("iceberg+"):
 
 from backfill_portal.backends import make_warehouse  # noqa: E402
 
-SPEC = reader_spec()
+# READER_LAYOUT (PostgreSQL): "partitioned" or "table" (backends.READER_LAYOUTS); unset:
+# the warehouse's default, partitioned.
+SPEC = dataclasses.replace(reader_spec(), reader_layout=os.environ.get("READER_LAYOUT", ""))
 COLUMNS = ", ".join(f'"{name}"' for name in SPEC.column_names)
 
 url, label = scratch_warehouse("reader_cost")
+if SPEC.reader_layout:
+    label += f" ({SPEC.reader_layout} layout)"
 warehouse = make_warehouse(url)
 warehouse.ensure_meta()
 warehouse.ensure_dataset(SPEC)

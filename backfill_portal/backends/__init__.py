@@ -29,6 +29,7 @@ from backfill_portal.backends.base import (
     PublicationRecord,
     PublishConflict,
     PurgeRefused,
+    READER_LAYOUTS,
     VersionNotCommitted,
     VersionNumbers,
     WarehouseBackend,
@@ -49,6 +50,7 @@ __all__ = [
     "PublicationRecord",
     "PublishConflict",
     "PurgeRefused",
+    "READER_LAYOUTS",
     "VersionNotCommitted",
     "VersionNumbers",
     "WarehouseBackend",
@@ -188,7 +190,7 @@ def check_warehouse_url(url: str) -> str | None:
     """None if a registered backend serves `url`, else the one-line reason (for the
     settings check that runs at start)."""
     try:
-        backend_class(url)
+        cls = backend_class(url)
     except ValidationError as exc:
         return str(exc)
-    return None
+    return cls.url_problem(url)

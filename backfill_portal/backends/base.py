@@ -52,9 +52,16 @@ IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 # fit PostgreSQL's 63-byte identifier limit.
 MAX_DATASET_NAME = 40
 # The names the backends give their own tables of a dataset: a dataset may not take one.
-STORAGE_SUFFIX = re.compile(r"__versions$|__v[0-9a-f]{16}$")
+STORAGE_SUFFIX = re.compile(r"__versions$|__v[0-9a-f]{16}$|__bld$|__old$")
 MAX_COLUMN_NAME = 63
 BOOKKEEPING_COLUMNS = ("_run_id", "_partition", "_attempt")
+# How a SQL warehouse shows a dataset to readers where it can choose (PostgreSQL):
+# "partitioned", each published version attached as a partition of the reader table
+# (a publish moves no rows), or "table", one plain table whose partition a publish
+# replaces by the version's rows in the pointer's transaction (a reader's lookup by
+# any column probes one index, whatever the number of partitions). DatasetSpec's ""
+# is the warehouse's default.
+READER_LAYOUTS = ("partitioned", "table")
 META_PREFIX = "_bf_"
 ACTIONS = ("publish", "rollback")
 # Digits kept when numbers are fingerprinted: enough for money and rates, few enough
@@ -205,6 +212,9 @@ class DatasetSpec:
     #: Indexes a reader's usual filters need, each a tuple of declared column names,
     #: created on every version.
     indexes: tuple[tuple[str, ...], ...] = ()
+    #: READER_LAYOUTS, or "" for the warehouse's default; a backend with one layout
+    #: ignores it.
+    reader_layout: str = ""
 
     def __post_init__(self) -> None:
         identifier(self.name, what="dataset", max_length=MAX_DATASET_NAME)
@@ -241,6 +251,11 @@ class DatasetSpec:
                 )
         if len(set(indexes)) != len(indexes):
             raise ValidationError(f"dataset {self.name!r} declares an index twice", field="indexes")
+        if self.reader_layout and self.reader_layout not in READER_LAYOUTS:
+            raise ValidationError(
+                f"reader layout {self.reader_layout!r} of {self.name!r} must be one of {', '.join(READER_LAYOUTS)}",
+                field="reader_layout",
+            )
         if self.core_measure and self.column(self.core_measure).type not in ("integer", "numeric"):
             raise ValidationError(
                 f"core measure {self.core_measure!r} of {self.name!r} must be a declared integer or numeric column",
@@ -445,6 +460,12 @@ class WarehouseBackend(abc.ABC):
         self.idle_in_transaction_timeout_seconds = idle_in_transaction_timeout_seconds
         self.publish_lock_timeout_seconds = publish_lock_timeout_seconds
         self.publish_wait_seconds = publish_wait_seconds
+
+    @classmethod
+    def url_problem(cls, url: str) -> str | None:
+        """What is wrong with the options `url` gives this backend, in one line (the
+        settings check at start shows it); None if nothing."""
+        return None
 
     # -- schema -----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 
@@ -23,6 +23,7 @@ from backfill_portal.backends import register_backend
 from backfill_portal.backends.base import (
     BOOKKEEPING_COLUMNS,
     FINGERPRINT_DECIMALS,
+    READER_LAYOUTS,
     DatasetSpec,
     Estimate,
     VersionNumbers,
@@ -35,6 +36,29 @@ from backfill_portal.core.errors import ValidationError
 logger = logging.getLogger(__name__)
 
 _TS_FORMAT = "%Y-%m-%d %H:%M:%S"
+# The comment that marks a reader table of the "table" layout as the portal's, and
+# names the column a publish replaces a partition by.
+_TABLE_LAYOUT_COMMENT = "backfill-portal reader table; partition key: "
+# A conversion between the reader layouts builds the new reader table under the first
+# name and, once it has taken the reader's name, empties the old one under the second.
+_BUILDING, _RETIRED = "__bld", "__old"
+# Version tables a conversion's transaction reads or detaches: each holds a lock on every
+# table it touched until it ends (PostgreSQL's lock table holds
+# max_locks_per_transaction x max_connections, 6,400 by default).
+CONVERSION_BATCH = 200
+# The URL's query parameter naming the reader layout of datasets the catalog leaves
+# to the warehouse.
+_LAYOUT_OPTION = "reader_layout"
+
+
+def _without_layout_option(url: str) -> tuple[str, list[str]]:
+    """`url` without its `reader_layout` parameters (libpq would refuse them), and
+    their values."""
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    given = [value for key, value in pairs if key == _LAYOUT_OPTION]
+    kept = urlencode([(key, value) for key, value in pairs if key != _LAYOUT_OPTION])
+    return urlunsplit(parts._replace(query=kept)), given
 
 
 @register_backend("postgresql", "postgres", "pgsql")
@@ -55,10 +79,28 @@ class PostgreSQLWarehouse(SqlWarehouse):
     NATIVE_VALUES = True
     BOOKKEEPING_PER_ROW = False  # catalog defaults: `_add_bookkeeping`
 
+    def __init__(self, url: str, **kwargs: Any):
+        super().__init__(url, **kwargs)
+        problem = self.url_problem(url)
+        if problem:
+            raise ValidationError(problem, field=_LAYOUT_OPTION)
+        given = _without_layout_option(url)[1]
+        #: The reader layout of a dataset whose spec leaves it to the warehouse.
+        self.default_layout = given[-1] if given else "partitioned"
+        self._layouts: dict[str, tuple[str, str] | None] = {}
+
     @classmethod
     def target_of(cls, url: str) -> str:
-        scheme = urlparse(url).scheme
-        return url.replace(scheme + "://", "postgresql://", 1)
+        scheme = urlsplit(url).scheme
+        return _without_layout_option(url.replace(scheme + "://", "postgresql://", 1))[0]
+
+    @classmethod
+    def url_problem(cls, url: str) -> str | None:
+        given = _without_layout_option(url)[1]
+        if given and given[-1] not in READER_LAYOUTS:
+            return (f"WAREHOUSE_URL: {_LAYOUT_OPTION}={given[-1]!r} is not a reader layout "
+                    f"(one of {', '.join(READER_LAYOUTS)})")
+        return None
 
     # -- connections ------------------------------------------------------------------
 
@@ -231,12 +273,78 @@ class PostgreSQLWarehouse(SqlWarehouse):
         return table if self.table_exists(table) else spec.name
 
     def _partition_key_of(self, name: str) -> str | None:
-        """The column `<name>` is partitioned on, or None if it is not partitioned."""
+        """The column `<name>` holds a partition's key in: what it is partitioned on,
+        or what its comment names (the "table" layout); None if it is neither."""
+        reader = self._reader_of(name)
+        return reader[1] if reader else None
+
+    # -- the "table" layout (base.READER_LAYOUTS) ----------------------------------------
+    #
+    # `<name>` a plain table holding the published rows, with the declared indexes and
+    # one on the partition key; a publish deletes the partition's rows and copies the
+    # version's in, inside the pointer's transaction, so a reader (MVCC) sees the old
+    # rows or the new, never neither, and is never blocked (no DDL on `<name>`). Each
+    # version keeps its own table (its CHECK, no indexes: readers do not read it), so
+    # rollback copies the earlier one back and downstream runs read their pins.
+    # The choice for datasets with many partitions (an hourly one, 8,760 a year): a
+    # query that does not prune partitions plans and locks every partition of a
+    # partitioned table (9,000 of them: "out of shared memory" with the default
+    # max_locks_per_transaction, docs/performance.md), and a key lookup probes every
+    # partition's index.
+
+    def _reader_of(self, name: str) -> tuple[str, str] | None:
+        """(layout, partition key column) of the reader table `name` as it is, or None
+        if `name` is absent or not a reader table of either layout."""
         rows = self.query(
-            """SELECT a.attname FROM pg_catalog.pg_partitioned_table AS p
-            JOIN pg_catalog.pg_attribute AS a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0]
-            WHERE p.partrelid = to_regclass(?)""", (_quote(name),))
-        return rows[0][0] if rows else None
+            """SELECT c.relkind, pg_catalog.obj_description(c.oid, 'pg_class'), a.attname
+            FROM pg_catalog.pg_class AS c
+            LEFT JOIN pg_catalog.pg_partitioned_table AS p ON p.partrelid = c.oid
+            LEFT JOIN pg_catalog.pg_attribute AS a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0]
+            WHERE c.oid = to_regclass(?)""", (_quote(name),))
+        if not rows:
+            return None
+        relkind, comment, key = rows[0]
+        if relkind == "p":
+            return "partitioned", key
+        if relkind == "r" and (comment or "").startswith(_TABLE_LAYOUT_COMMENT):
+            return "table", comment[len(_TABLE_LAYOUT_COMMENT):]
+        return None
+
+    def _layout_for(self, spec: DatasetSpec) -> str:
+        """The layout of `spec`'s reader table as it is (an existing one keeps its own
+        until `upgrade_warehouse_layout` converts it), else the one it is made with."""
+        if spec.name not in self._layouts:
+            reader = self._reader_of(spec.name)
+            if reader is None:
+                return spec.reader_layout or self.default_layout
+            self._layouts[spec.name] = reader
+        return self._layouts[spec.name][0]
+
+    def _create_reader(self, spec: DatasetSpec, columns: list[str], layout: str) -> None:
+        """The reader table `<name>` of `layout` with the data `columns` (definitions)."""
+        if layout == "table":
+            extra = [] if spec.partition_column else ['"_partition" text NOT NULL']
+            self.execute(f"CREATE TABLE {_quote(spec.name)} ({', '.join(columns + extra)})")
+            self.execute(f"COMMENT ON TABLE {_quote(spec.name)} IS "
+                         f"{_literal(_TABLE_LAYOUT_COMMENT + spec.partition_key_column)}")
+        else:
+            columns = [*columns, '"_run_id" text NOT NULL', '"_partition" text NOT NULL', '"_attempt" integer']
+            self.execute(f"CREATE TABLE {_quote(spec.name)} ({', '.join(columns)}) "
+                         f"PARTITION BY LIST ({_quote(spec.partition_key_column)})")
+        self._layouts[spec.name] = (layout, spec.partition_key_column)
+
+    def _is_reader_table(self, name: str) -> bool:
+        return self._reader_of(name) is not None or super()._is_reader_table(name)
+
+    def read_partition(self, name: str, partition: str) -> list[dict]:
+        """As the base's; a "table" layout stores no run per row: the pointer's is
+        joined, in the same statement."""
+        reader = self._reader_of(name)
+        if reader is None or reader[0] != "table":
+            return super().read_partition(name, partition)
+        return self.query_dicts(
+            f'SELECT t.*, c."run_id" AS "_run_id" FROM {_quote(name)} AS t JOIN "_bf_current" AS c '
+            f'ON c."dataset" = ? AND c."partition" = ? WHERE t.{_quote(reader[1])} = ?', (name, partition, partition))
 
     def _index_names(self, table: str) -> set[str]:
         return {name for (name,) in self.query(
@@ -244,7 +352,9 @@ class PostgreSQLWarehouse(SqlWarehouse):
             WHERE i.indrelid = to_regclass(?)""", (_quote(table),))}
 
     def _reader_indexes(self, spec: DatasetSpec) -> list[tuple[str, ...]]:
-        # Partition pruning finds a partition; only the declared indexes are needed.
+        # Partitioned, pruning finds a partition: only the declared indexes are needed.
+        if self._layout_for(spec) == "table":
+            return super()._reader_indexes(spec)
         return list(spec.indexes)
 
     def _detached_versions(self, name: str) -> list[str]:
@@ -273,7 +383,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
         present = self._columns_of(spec.name)
         if any(present.get(c.name, "").lower() != self._physical(c.type).lower() for c in spec.columns):
             return False
-        wanted = {_index_name(spec.name, columns) for columns in spec.indexes}
+        wanted = {_index_name(spec.name, columns) for columns in self._reader_indexes(spec)}
         return wanted <= self._index_names(spec.name)
 
     def _refuse_foreign_relation(self, spec: DatasetSpec) -> None:
@@ -294,10 +404,8 @@ class PostgreSQLWarehouse(SqlWarehouse):
         version can be attached again (a rollback) and read by pin."""
         present = self._columns_of(spec.name)
         if not present:
-            columns = [f"{_quote(c.name)} {self._physical(c.type)}" for c in spec.columns]
-            columns += ['"_run_id" text NOT NULL', '"_partition" text NOT NULL', '"_attempt" integer']
-            self.execute(f"CREATE TABLE {_quote(spec.name)} ({', '.join(columns)}) "
-                         f"PARTITION BY LIST ({_quote(spec.partition_key_column)})")
+            self._create_reader(spec, [f"{_quote(c.name)} {self._physical(c.type)}" for c in spec.columns],
+                                spec.reader_layout or self.default_layout)
             detached: list[str] = []
         else:
             detached = self._detached_versions(spec.name)
@@ -308,6 +416,11 @@ class PostgreSQLWarehouse(SqlWarehouse):
                     self.execute(f"ALTER TABLE {_quote(table)} ADD COLUMN IF NOT EXISTS {_quote(col.name)} "
                                  f"{self._physical(col.type)}")
             self._evolve_columns(spec, spec.name, self._columns_of(spec.name))
+        if self._layout_for(spec) == "table":
+            for columns in self._reader_indexes(spec):
+                self.execute(f"CREATE INDEX IF NOT EXISTS {_quote(_index_name(spec.name, columns))} "
+                             f"ON {_quote(spec.name)} ({', '.join(_quote(c) for c in columns)})")
+            return
         for columns in spec.indexes:
             listed = ", ".join(_quote(c) for c in columns)
             for table in detached:
@@ -357,6 +470,8 @@ class PostgreSQLWarehouse(SqlWarehouse):
         them up row by row), matching the reader table's so the ATTACH adopts them."""
         table = self.version_table(spec, run_id)
         self._add_bookkeeping(spec, table, run_id=run_id, attempt_no=attempt_no, partition=partition)
+        if self._layout_for(spec) == "table":
+            return  # readers read the reader table's copy; an attach would build them
         for columns in spec.indexes:
             self.execute(f"CREATE INDEX {_quote(_index_name(table, columns))} ON {_quote(table)} "
                          f"({', '.join(_quote(c) for c in columns)})")
@@ -374,7 +489,12 @@ class PostgreSQLWarehouse(SqlWarehouse):
 
     def _show(self, *, name: str, partition: str, run_id: str, previous_run_id: str | None) -> None:
         """Detach the previous version, attach this one (its CHECK proves the partition
-        constraint, so nothing is scanned)."""
+        constraint, so nothing is scanned). The "table" layout: the partition's rows
+        are replaced by the version's."""
+        reader = self._reader_of(name)
+        if reader is not None and reader[0] == "table":
+            self._copy_in(name, reader[1], partition, run_id, replace=True)
+            return
         parent = _quote(name)
         if previous_run_id is not None:
             old = self._version_table_of(name, previous_run_id)
@@ -382,6 +502,15 @@ class PostgreSQLWarehouse(SqlWarehouse):
                 self.execute(f"ALTER TABLE {parent} DETACH PARTITION {_quote(old)}")
         self.execute(f"ALTER TABLE {parent} ATTACH PARTITION {_quote(self._version_table_of(name, run_id))} "
                      f"FOR VALUES IN ({_literal(partition)})")
+
+    def _copy_in(self, name: str, key: str, partition: str, run_id: str, *, replace: bool) -> None:
+        """The "table" layout's reader table holds `run_id`'s rows for `partition`
+        (`replace`: instead of the rows it held)."""
+        if replace:
+            self.execute(f"DELETE FROM {_quote(name)} WHERE {_quote(key)} = ?", (partition,))
+        columns = ", ".join(_quote(c) for c in self._columns_of(name))
+        self.execute(f"INSERT INTO {_quote(name)} ({columns}) SELECT {columns} "
+                     f"FROM {_quote(self._version_table_of(name, run_id))}")
 
     def _drop_version(self, *, spec: DatasetSpec, run_id: str) -> int:
         table = self.version_table(spec, run_id)
@@ -419,32 +548,74 @@ class PostgreSQLWarehouse(SqlWarehouse):
         columns = ", ".join(_quote(name) for name in (*spec.column_names, "_run_id"))
         tables = [self.version_table(spec, run_id) for run_id in run_ids]
         existing = self._existing_tables(tables)
-        parts = [f'SELECT {columns} FROM {_quote(t if t in existing else spec.name)} WHERE "_run_id" = ?'
-                 + ("" if t in existing else " AND false") for t in tables]
+        # A version without a table (purged) contributes nothing: its `?` is still bound.
+        data = ", ".join(_quote(name) for name in spec.column_names)
+        parts = [f'SELECT {columns} FROM {_quote(t)} WHERE "_run_id" = ?' if t in existing else
+                 f'SELECT {data}, CAST(? AS text) AS "_run_id" FROM {_quote(spec.name)} WHERE false' for t in tables]
         return "(" + " UNION ALL ".join(parts) + ")"
 
     def upgrade_layout(self, spec: DatasetSpec) -> dict[str, Any]:
-        """From the view layout (`<name>` a view over `<name>__versions` joined to the
-        pointer), or a reader table partitioned on another column than the catalog now
-        names, to this one, in one transaction: every committed version gets its own
-        table (with its CHECK and indexes), the published ones are attached, the
-        markers, pointers and history stay as they are; the old heap goes."""
+        """To the layout the catalog names (`spec.reader_layout`, else the warehouse's
+        default) from any earlier one, in one transaction; the markers, pointers and
+        history stay as they are:
+
+        - from the view layout (`<name>` a view over `<name>__versions` joined to the
+          pointer), or a reader table keyed on another column than the catalog now
+          names: every committed version gets a table of its own again (its CHECK,
+          and its indexes where it will be attached), the old heap goes;
+        - from the other of the two layouts, keyed as the catalog says: the versions
+          keep their tables; the reader table is made again and shows the published
+          ones (attached, or copied in).
+
+        Each version's table is locked until the end, so a dataset of more versions
+        than the server's lock table holds (max_locks_per_transaction) needs it raised
+        for the conversion."""
         self._ensure_meta_once()
+        self._retire(f"{spec.name}{_RETIRED}")  # a conversion interrupted after its switch
         kind = self._relation_kind(spec.name)
-        key = self._partition_key_of(spec.name)
-        if kind is None or (kind == "table" and key == spec.partition_key_column):
+        reader = self._reader_of(spec.name)
+        wanted = spec.reader_layout or self.default_layout
+        if kind is None or reader == (wanted, spec.partition_key_column):
             return {}
+        if kind == "table" and reader is None:
+            return {}  # not the portal's: ensure_dataset refuses it, naming it
+        if reader == ("partitioned", spec.partition_key_column) and wanted == "table":
+            return self._partitioned_to_table(spec)
         with self.transaction():
             self._lock(f"dataset:{spec.name}")
+            # Publications wait (their pointer's UPDATE) until the reader table is made
+            # again, then show their version in the new layout; one that holds its
+            # pointer already is waited for here, and its version is shown below.
+            self.execute('LOCK TABLE "_bf_current" IN SHARE MODE')
             self._ready.discard(spec)
+            self._layouts.pop(spec.name, None)
             runs = self.query('SELECT "run_id", "partition", "attempt_no" FROM "_bf_markers" WHERE "dataset" = ? '
                               'ORDER BY "run_id"', (spec.name,))
             current = dict(self.query('SELECT "partition", "run_id" FROM "_bf_current" WHERE "dataset" = ?',
                                       (spec.name,)))
+            if reader is not None and reader[1] == spec.partition_key_column:
+                # Only the layout changes: the versions keep their tables.
+                stored = [f"{_quote(c)} {t}" for c, t in self._columns_of(spec.name).items()
+                          if c not in BOOKKEEPING_COLUMNS]
+                for (child,) in self.query(
+                        """SELECT c.relname FROM pg_catalog.pg_inherits AS i JOIN pg_catalog.pg_class AS c
+                        ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(?)""", (_quote(spec.name),)):
+                    self.execute(f"ALTER TABLE {_quote(spec.name)} DETACH PARTITION {_quote(child)}")
+                grants = self._grants_of(spec.name)
+                self.execute(f"DROP TABLE {_quote(spec.name)}")
+                self._create_reader(spec, stored, wanted)
+                self._grant(spec.name, grants)
+                self._build_dataset(spec)
+                for run_id, partition, attempt_no in runs:
+                    if wanted == "partitioned":  # what an attach adopts instead of building under its lock
+                        self._finish_indexes(spec, self._version_table_of(spec.name, run_id))
+                self._show_all(spec, current)
+                self._ready.add(spec)
+                return {"versions": len(runs), "published": len(current), "layout": wanted}
             if kind == "view":
                 heap = spec.versions_table
                 self.execute(f"DROP VIEW {_quote(spec.name)}")
-            else:  # partitioned on another column: the versions move to new tables too
+            else:  # keyed on another column: the versions move to new tables too
                 heap = f"{spec.name}__upgrading"
                 self.execute(f"ALTER TABLE {_quote(spec.name)} RENAME TO {_quote(heap)}")
                 for run_id, _, _ in runs:
@@ -452,10 +623,9 @@ class PostgreSQLWarehouse(SqlWarehouse):
                     if self.table_exists(table):
                         self.execute(f"ALTER TABLE {_quote(table)} RENAME TO {_quote(table + '_old')}")
             stored = self._columns_of(heap)
-            columns = [f"{_quote(c)} {t}" for c, t in stored.items() if c not in BOOKKEEPING_COLUMNS]
-            columns += ['"_run_id" text NOT NULL', '"_partition" text NOT NULL', '"_attempt" integer']
-            self.execute(f"CREATE TABLE {_quote(spec.name)} ({', '.join(columns)}) "
-                         f"PARTITION BY LIST ({_quote(spec.partition_key_column)})")
+            self._create_reader(spec, [f"{_quote(c)} {t}" for c, t in stored.items() if c not in BOOKKEEPING_COLUMNS],
+                                wanted)
+            self._grant(spec.name, self._grants_of(heap))
             self._build_dataset(spec)
             names = [c for c in self._columns_of(spec.name) if c not in BOOKKEEPING_COLUMNS]
             listed = ", ".join(_quote(c) for c in names)
@@ -469,12 +639,114 @@ class PostgreSQLWarehouse(SqlWarehouse):
                 self._finish_version(spec=spec, run_id=run_id, attempt_no=int(attempt_no), partition=partition)
                 if kind != "view" and self.table_exists(table + "_old"):
                     self.execute(f"DROP TABLE {_quote(table + '_old')}")
-            for partition, run_id in current.items():
-                self.execute(f"ALTER TABLE {_quote(spec.name)} ATTACH PARTITION "
-                             f"{_quote(self._version_table_of(spec.name, run_id))} FOR VALUES IN ({_literal(partition)})")
+            self._show_all(spec, current)
             self.execute(f"DROP TABLE {_quote(heap)}" + (" CASCADE" if kind != "view" else ""))
         self._ready.add(spec)
-        return {"versions": len(runs), "published": len(current)}
+        return {"versions": len(runs), "published": len(current), "layout": wanted}
+
+    def _partitioned_to_table(self, spec: DatasetSpec) -> dict[str, Any]:
+        """The conversion a dataset of many partitions needs (an hourly one): the
+        one-transaction conversion would lock every version table at once, beyond the
+        server's lock table. The new reader table is filled under another name,
+        CONVERSION_BATCH versions a transaction, while readers go on reading the
+        partitioned one and publications go on; then one short transaction (the
+        publications held back meanwhile) copies in what was published since, and
+        renames the partitioned table away and the new one into its place; last, the
+        old one lets its partitions go, a batch a transaction, and is dropped."""
+        name, building = spec.name, f"{spec.name}{_BUILDING}"
+        key = spec.partition_key_column
+        with self.transaction():
+            self._lock(f"dataset:{name}")
+            stored = [f"{_quote(c)} {t}" for c, t in self._columns_of(name).items() if c not in BOOKKEEPING_COLUMNS]
+            extra = [] if spec.partition_column else ['"_partition" text NOT NULL']
+            self.execute(f"DROP TABLE IF EXISTS {_quote(building)}")
+            self.execute(f"CREATE TABLE {_quote(building)} ({', '.join(stored + extra)})")
+        columns = ", ".join(_quote(c) for c in self._columns_of(building))
+
+        def copy_in(partition: str, run_id: str) -> None:
+            self.execute(f"INSERT INTO {_quote(building)} ({columns}) SELECT {columns} "
+                         f"FROM {_quote(self._version_table_of(name, run_id))}")
+
+        snapshot = dict(self.query('SELECT "partition", "run_id" FROM "_bf_current" WHERE "dataset" = ?', (name,)))
+        shown = sorted(snapshot.items())
+        for start in range(0, len(shown), CONVERSION_BATCH):
+            with self.transaction():
+                for partition, run_id in shown[start:start + CONVERSION_BATCH]:
+                    copy_in(partition, run_id)
+        indexes = list(dict.fromkeys([(key,), *spec.indexes]))
+        for index in indexes:
+            self.execute(f"CREATE INDEX {_quote(_index_name(building, index))} ON {_quote(building)} "
+                         f"({', '.join(_quote(c) for c in index)})")
+        retired = f"{name}{_RETIRED}"
+        with self.transaction():
+            self._lock(f"dataset:{name}")
+            self.execute('LOCK TABLE "_bf_current" IN SHARE MODE')
+            now = dict(self.query('SELECT "partition", "run_id" FROM "_bf_current" WHERE "dataset" = ?', (name,)))
+            for partition, run_id in sorted(now.items()):
+                if snapshot.get(partition) != run_id:  # published or rolled back since
+                    self.execute(f"DELETE FROM {_quote(building)} WHERE {_quote(key)} = ?", (partition,))
+                    copy_in(partition, run_id)
+            for index in spec.indexes:  # the partitioned indexes' names go with their table
+                if _index_name(name, index) in self._index_names(name):
+                    self.execute(f"ALTER INDEX {_quote(_index_name(name, index))} "
+                                 f"RENAME TO {_quote(_index_name(retired, index))}")
+            self._grant(building, self._grants_of(name))
+            self.execute(f"ALTER TABLE {_quote(name)} RENAME TO {_quote(retired)}")
+            self.execute(f"ALTER TABLE {_quote(building)} RENAME TO {_quote(name)}")
+            for index in indexes:
+                self.execute(f"ALTER INDEX {_quote(_index_name(building, index))} "
+                             f"RENAME TO {_quote(_index_name(name, index))}")
+            self.execute(f"COMMENT ON TABLE {_quote(name)} IS {_literal(_TABLE_LAYOUT_COMMENT + key)}")
+            (versions,) = self.query('SELECT COUNT(*) FROM "_bf_markers" WHERE "dataset" = ?', (name,))[0]
+        self._layouts[name] = ("table", key)
+        self._ready.discard(spec)
+        self._retire(retired)
+        return {"versions": int(versions), "published": len(now), "layout": "table"}
+
+    def _grants_of(self, table: str) -> list[tuple[str, str]]:
+        """(grantee, privilege) of what `table`'s owner granted on it: readers' SELECT."""
+        return [(grantee, privilege) for grantee, privilege in self.query(
+            """SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_catalog.pg_get_userbyid(a.grantee)) END,
+                      a.privilege_type
+            FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS a
+            WHERE c.oid = to_regclass(?) AND a.grantee <> c.relowner ORDER BY 1, 2""", (_quote(table),))]
+
+    def _grant(self, table: str, grants: list[tuple[str, str]]) -> None:
+        """A reader table made again keeps the grants the one it replaces had."""
+        for grantee, privilege in grants:
+            self.execute(f"GRANT {privilege} ON {_quote(table)} TO {grantee}")
+
+    def _retire(self, table: str) -> None:
+        """A partitioned table readers no longer read lets its partitions (version
+        tables) go, CONVERSION_BATCH a transaction, and is dropped."""
+        while self._relation_kind(table) is not None:
+            with self.transaction():
+                children = [c for (c,) in self.query(
+                    """SELECT c.relname FROM pg_catalog.pg_inherits AS i JOIN pg_catalog.pg_class AS c
+                    ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(?) ORDER BY c.relname LIMIT ?""",
+                    (_quote(table), CONVERSION_BATCH))]
+                for child in children:
+                    self.execute(f"ALTER TABLE {_quote(table)} DETACH PARTITION {_quote(child)}")
+                if not children:
+                    self.execute(f"DROP TABLE {_quote(table)}")
+
+    def _finish_indexes(self, spec: DatasetSpec, table: str) -> None:
+        """The declared indexes on a version's table, those it lacks."""
+        for columns in spec.indexes:
+            if self.table_exists(table) and not self._has_index_on(table, columns):
+                self.execute(f"CREATE INDEX {_quote(_index_name(table, columns))} ON {_quote(table)} "
+                             f"({', '.join(_quote(c) for c in columns)})")
+
+    def _show_all(self, spec: DatasetSpec, current: dict[str, str]) -> None:
+        """The reader table, just made, shows the published version of each partition."""
+        layout = self._layout_for(spec)
+        for partition, run_id in sorted(current.items()):
+            table = self._version_table_of(spec.name, run_id)
+            if layout == "table":
+                self._copy_in(spec.name, spec.partition_key_column, partition, run_id, replace=False)
+            else:
+                self.execute(f"ALTER TABLE {_quote(spec.name)} ATTACH PARTITION {_quote(table)} "
+                             f"FOR VALUES IN ({_literal(partition)})")
 
     # -- numbers and fingerprint ------------------------------------------------------
 

@@ -58,6 +58,12 @@ class Dataset(models.Model):
     )
     indexes = models.JSONField(default=list, blank=True,
                                help_text="indexes created on every version, each a list of column names")
+    reader_layout = models.CharField(
+        max_length=16, blank=True, default="", choices=[("partitioned", "partitioned"), ("table", "table")],
+        help_text="how a warehouse that can choose (PostgreSQL) shows the dataset to readers: each published "
+                  "version attached as a partition, or one table whose partition a publish replaces; "
+                  "empty: a table for an hourly dataset, else the warehouse's default",
+    )
     tolerances = models.JSONField(default=dict, blank=True)
     checks = models.JSONField(default=list, blank=True, help_text="custom SQL assertions: rows returned = failure")
     source_measure_sql = models.TextField(

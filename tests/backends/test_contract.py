@@ -163,6 +163,9 @@ def leave_partial_rows(wh: WarehouseBackend, run_id: str, rows: list[tuple], spe
     table = wh.version_table(spec, run_id)
     if not wh.table_exists(table):
         wh.execute(f'CREATE TABLE "{table}" AS SELECT * FROM "{spec.name}" WHERE 1 = 0')
+        for column, kind in (("_run_id", "text"), ("_partition", "text"), ("_attempt", "integer")):
+            if column not in wh.columns_of(f'SELECT * FROM "{table}"'):  # a "table"-layout reader stores none
+                wh.execute(f'ALTER TABLE "{table}" ADD COLUMN "{column}" {kind}')
     for row in rows:
         wh.execute(PARTIAL_ROW_INSERT.format(table=table), row)
 
@@ -209,7 +212,10 @@ def in_threads(db: WarehouseBackend, n: int, work) -> list[tuple[str, object]]:
 
 # The registered backends under contract, by name: each yields the URL of a fresh,
 # empty warehouse. test_every_registered_backend_is_under_contract keeps it complete.
-SQL_CONTRACT = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+# PostgreSQL in both reader layouts: datasets the catalog leaves to the warehouse get
+# the URL's `reader_layout` (partitioned by default).
+SQL_CONTRACT = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres),
+                pytest.param("postgresql-table", marks=pytest.mark.postgres)]
 # Iceberg: pyiceberg's SQL catalog in a SQLite file or in the PostgreSQL database, the files
 # under tmp_path or in a bucket of an S3 API server (moto's).
 BUILTIN_CONTRACT = [*SQL_CONTRACT, "iceberg", "iceberg-s3",
@@ -237,6 +243,8 @@ def warehouse_url(request, tmp_path) -> str:
         conn.execute("CREATE SCHEMA public")
     if request.param == "iceberg-postgresql":  # the catalog in PostgreSQL
         return f"iceberg+{url}?warehouse={tmp_path / 'iceberg'}"
+    if request.param == "postgresql-table":  # one plain reader table per dataset
+        return f"{url}?reader_layout=table"
     return url
 
 

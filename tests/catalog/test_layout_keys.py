@@ -46,6 +46,20 @@ def test_partition_column_and_indexes_are_synced_and_given_to_the_backends(perso
     assert spec.indexes == (("category",), ("ds", "category"))
 
 
+def test_the_reader_layout_is_the_catalog_s_else_a_table_for_an_hourly_dataset(personas):
+    catalog_sync(text=TEST_CATALOG)
+    layouts = {d.name: spec_for(d).reader_layout for d in Dataset.objects.filter(is_source=False)}
+    # Hourly: a table (8,760 partitions a year); the others: the warehouse's default.
+    assert layouts["page_views_hourly"] == "table"
+    assert layouts["dws_sales_daily"] == layouts["monthly_summary"] == ""
+    catalog_sync(text=declaring(dws_sales_daily={"reader_layout": "table"},
+                                page_views_hourly={"reader_layout": "partitioned"}))
+    assert spec_for(Dataset.objects.get(name="dws_sales_daily")).reader_layout == "table"
+    assert spec_for(Dataset.objects.get(name="page_views_hourly")).reader_layout == "partitioned"
+    event = AuditEvent.objects.filter(action="catalog.change", object_id="dws_sales_daily").latest("id")
+    assert event.data["after"] == {"reader_layout": "table"}
+
+
 def test_a_dataset_declaring_neither_keeps_the_bookkeeping_partition_and_no_indexes(personas):
     catalog_sync(text=TEST_CATALOG)
     spec = spec_for(Dataset.objects.get(name="dwd_order_items"))
@@ -83,6 +97,10 @@ BAD = {
                                     path("dws_sales_daily", "partition_column"), "is not a declared column"),
     "partition_column_on_a_source": ({"ods_order_events": {"partition_column": "order_id"}},
                                      path("ods_order_events", "partition_column"), "a source is read as it is"),
+    "reader_layout_unknown": ({"dws_sales_daily": {"reader_layout": "heap"}},
+                              path("dws_sales_daily", "reader_layout"), "'heap' is not a reader layout"),
+    "reader_layout_on_a_source": ({"ods_order_events": {"reader_layout": "table"}},
+                                  path("ods_order_events", "reader_layout"), "a source is read as it is"),
     "indexes_not_a_list": ({"dws_sales_daily": {"indexes": {"category": True}}},
                            path("dws_sales_daily", "indexes"), "must be a list of indexes"),
     "index_empty": ({"dws_sales_daily": {"indexes": [[]]}},
@@ -146,6 +164,7 @@ def test_the_demo_catalog_declares_the_partition_columns_its_jobs_write(personas
             assert f"{{{{ partition_key }}}} AS {spec.partition_column}" in jobs[name]["sql"], name
     assert declared["dwd_order_items"].indexes == (("customer_id",),)
     assert declared["dwd_page_views_hourly"].indexes == (("page",),)
+    assert declared["dwd_page_views_hourly"].reader_layout == "table"
 
 
 def test_the_dataset_page_shows_the_partition_column_and_the_indexes(personas):
@@ -159,6 +178,9 @@ def test_the_dataset_page_shows_the_partition_column_and_the_indexes(personas):
     plain = client.get("/datasets/dwd_order_items/").content.decode()
     assert "none declared: readers filter on the bookkeeping column" in plain
     assert "Indexes</dt><dd><span class=\"muted\">none declared</span>" in plain
+    assert "Reader layout</dt><dd><span class=\"muted\">the warehouse's default</span>" in plain
+    hourly = client.get("/datasets/page_views_hourly/").content.decode()
+    assert "Reader layout</dt><dd><span class=\"mono\">table</span> <span class=\"muted\">(hourly)" in hourly
     source = client.get("/datasets/ods_order_events/").content.decode()
     assert "Partition column" not in source
 

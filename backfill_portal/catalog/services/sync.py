@@ -20,7 +20,7 @@ import yaml
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from backfill_portal.backends import DatasetSpec
+from backfill_portal.backends import READER_LAYOUTS, DatasetSpec
 from backfill_portal.catalog.choices import COLUMN_TYPES, Grain
 from backfill_portal.catalog.kinds import validate_job_config
 from backfill_portal.catalog.models import CodeVersion, Dataset, Job, Pool, Team
@@ -172,6 +172,7 @@ def catalog_validate(doc: dict) -> dict:
             v.err(f"{path}.time_column", f"source {name} needs a time_column among its columns")
         partition_column = _partition_column(v, path, d, col_types, is_source=is_source)
         indexes = _indexes(v, path, d, col_names, is_source=is_source)
+        reader_layout = _reader_layout(v, path, d, is_source=is_source)
         checks = d.get("checks") or []
         for j, chk in enumerate(checks if isinstance(checks, list) else []):
             if not isinstance(chk, dict) or not chk.get("name") or not chk.get("sql"):
@@ -182,7 +183,7 @@ def catalog_validate(doc: dict) -> dict:
             "business_key": list(key), "core_measure": measure,
             "columns": [{"name": c["name"], "type": c.get("type")} for c in columns if isinstance(c, dict) and "name" in c],
             "is_source": is_source, "time_column": time_column,
-            "partition_column": partition_column, "indexes": indexes,
+            "partition_column": partition_column, "indexes": indexes, "reader_layout": reader_layout,
             "tolerances": dict(d.get("tolerances") or {}),
             "source_measure_sql": str(d.get("source_measure_sql") or ""),
             "checks": [
@@ -249,7 +250,8 @@ def catalog_validate(doc: dict) -> dict:
             try:
                 DatasetSpec(name=name, columns=tuple((c["name"], c["type"]) for c in d["columns"]),
                             business_key=tuple(d["business_key"]), core_measure=d["core_measure"],
-                            partition_column=d["partition_column"], indexes=tuple(map(tuple, d["indexes"])))
+                            partition_column=d["partition_column"], indexes=tuple(map(tuple, d["indexes"])),
+                            reader_layout=d["reader_layout"])
             except ValidationError as exc:
                 for field_name in exc.fields or {"name": [exc.message]}:
                     target = "name" if field_name == "dataset" else field_name
@@ -287,6 +289,21 @@ def _partition_column(v: _Validator, path: str, d: dict, col_types: dict[str, st
               "('2022-10-01', '2022-10-01T03') and must be a text column")
     else:
         return name
+    return ""
+
+
+def _reader_layout(v: _Validator, path: str, d: dict, *, is_source: bool) -> str:
+    """`reader_layout`: "partitioned" or "table" (backends.READER_LAYOUTS); absent or
+    empty: chosen by the grain (spec_for)."""
+    value = d.get("reader_layout") or ""
+    if not value:
+        return ""
+    if is_source:
+        v.err(f"{path}.reader_layout", "a source is read as it is: it has no versions to show")
+    elif value not in READER_LAYOUTS:
+        v.err(f"{path}.reader_layout", f"{value!r} is not a reader layout (one of {', '.join(READER_LAYOUTS)})")
+    else:
+        return value
     return ""
 
 

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from backfill_portal.backfills.policy import may_roll_back_partition
 from backfill_portal.catalog.models import Dataset
+from backfill_portal.catalog.specs import reader_layout_of
 from backfill_portal.core.errors import ApplicationError, ConflictError, NotFound, PermissionDenied
 from backfill_portal.core.web import (
     application_errors,
@@ -79,7 +80,8 @@ def dataset_detail(request, name: str):
                      "in_sync": warehouse_run == pub.version.run.run_id, "warehouse_run": warehouse_run,
                      "contaminated": pub.version_id in contaminated})
     return render_page(request, "warehouse/dataset.html", {"ds": ds, "page": page, "rows": rows,
-                                                           "per_page": PARTITIONS_PER_PAGE})
+                                                           "per_page": PARTITIONS_PER_PAGE,
+                                                           "reader_layout": reader_layout_of(ds)})
 
 
 def _partition_context(user, name: str, key: str) -> dict:

@@ -6,6 +6,10 @@ rows (docs/architecture.md, "Isolated versions"). A process running the new code
 refuses a dataset still in the old layout with a one-line error naming this command.
 Each dataset converts in one warehouse transaction: every committed version, every
 marker, pointer and pointer move is kept. Running it again does nothing.
+
+On PostgreSQL it also converts a dataset between the two reader layouts
+(backends.READER_LAYOUTS) when the catalog, or the warehouse URL's default, names
+another one than its reader table has (an hourly dataset gets a table).
 """
 from __future__ import annotations
 
@@ -21,8 +25,8 @@ from backfill_portal.core.services.audit import audit_record
 
 class Command(PortalCommand):
     help = ("Convert the warehouse's produced datasets from the view layout (<dataset> a view over "
-            "<dataset>__versions) to reader tables, keeping every version and the publication history. "
-            "Idempotent.")
+            "<dataset>__versions) to reader tables, and on PostgreSQL between the reader layouts the catalog "
+            "names (partitioned, table), keeping every version and the publication history. Idempotent.")
 
     def add_arguments(self, parser):
         parser.add_argument("--dataset", action="append", default=[], metavar="NAME",

@@ -11,7 +11,7 @@ class DatasetSerializer(serializers.ModelSerializer):
     class Meta:
         model = Dataset
         fields = ["name", "description", "owner", "team", "timezone", "grain", "business_key", "core_measure",
-                  "columns", "is_source", "time_column", "partition_column", "indexes", "tolerances", "checks", "produced_by", "updated_at"]
+                  "columns", "is_source", "time_column", "partition_column", "indexes", "reader_layout", "tolerances", "checks", "produced_by", "updated_at"]
 
     def get_produced_by(self, obj) -> str | None:
         job = getattr(obj, "job", None) if hasattr(obj, "job") else None
