@@ -42,10 +42,6 @@ _TABLE_LAYOUT_COMMENT = "backfill-portal reader table; partition key: "
 # A conversion between the reader layouts builds the new reader table under the first
 # name and, once it has taken the reader's name, empties the old one under the second.
 _BUILDING, _RETIRED = "__bld", "__old"
-# Version tables a conversion's transaction reads or detaches: each holds a lock on every
-# table it touched until it ends (PostgreSQL's lock table holds
-# max_locks_per_transaction x max_connections, 6,400 by default).
-CONVERSION_BATCH = 200
 # The URL's query parameter naming the reader layout of datasets the catalog leaves
 # to the warehouse.
 _LAYOUT_OPTION = "reader_layout"
@@ -78,6 +74,10 @@ class PostgreSQLWarehouse(SqlWarehouse):
     SHARE_LOCK = " FOR SHARE"
     NATIVE_VALUES = True
     BOOKKEEPING_PER_ROW = False  # catalog defaults: `_add_bookkeeping`
+    #: Version tables a conversion between the reader layouts reads or detaches in one
+    #: transaction, which holds a lock on each until it ends (PostgreSQL's lock table
+    #: holds max_locks_per_transaction x max_connections entries, 6,400 by default).
+    conversion_batch = 200
 
     def __init__(self, url: str, **kwargs: Any):
         super().__init__(url, **kwargs)
@@ -648,7 +648,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
         """The conversion a dataset of many partitions needs (an hourly one): the
         one-transaction conversion would lock every version table at once, beyond the
         server's lock table. The new reader table is filled under another name,
-        CONVERSION_BATCH versions a transaction, while readers go on reading the
+        `conversion_batch` versions a transaction, while readers go on reading the
         partitioned one and publications go on; then one short transaction (the
         publications held back meanwhile) copies in what was published since, and
         renames the partitioned table away and the new one into its place; last, the
@@ -669,9 +669,9 @@ class PostgreSQLWarehouse(SqlWarehouse):
 
         snapshot = dict(self.query('SELECT "partition", "run_id" FROM "_bf_current" WHERE "dataset" = ?', (name,)))
         shown = sorted(snapshot.items())
-        for start in range(0, len(shown), CONVERSION_BATCH):
+        for start in range(0, len(shown), self.conversion_batch):
             with self.transaction():
-                for partition, run_id in shown[start:start + CONVERSION_BATCH]:
+                for partition, run_id in shown[start:start + self.conversion_batch]:
                     copy_in(partition, run_id)
         indexes = list(dict.fromkeys([(key,), *spec.indexes]))
         for index in indexes:
@@ -718,13 +718,13 @@ class PostgreSQLWarehouse(SqlWarehouse):
 
     def _retire(self, table: str) -> None:
         """A partitioned table readers no longer read lets its partitions (version
-        tables) go, CONVERSION_BATCH a transaction, and is dropped."""
+        tables) go, `conversion_batch` a transaction, and is dropped."""
         while self._relation_kind(table) is not None:
             with self.transaction():
                 children = [c for (c,) in self.query(
                     """SELECT c.relname FROM pg_catalog.pg_inherits AS i JOIN pg_catalog.pg_class AS c
                     ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(?) ORDER BY c.relname LIMIT ?""",
-                    (_quote(table), CONVERSION_BATCH))]
+                    (_quote(table), self.conversion_batch))]
                 for child in children:
                     self.execute(f"ALTER TABLE {_quote(table)} DETACH PARTITION {_quote(child)}")
                 if not children:

@@ -11,7 +11,7 @@ from dataclasses import replace
 import psycopg
 import pytest
 
-from backfill_portal.backends import check_warehouse_url, make_warehouse, postgresql
+from backfill_portal.backends import check_warehouse_url, make_warehouse
 from backfill_portal.core.errors import ValidationError
 from tests.backends.test_contract import DAY, NEXT_DAY, ORDERS, order_rows, stage
 from tests.backends.test_layout import DAILY, daily_rows, indexed_columns, relation_kind
@@ -192,12 +192,11 @@ def test_the_url_names_the_default_layout_and_a_wrong_one_is_refused_in_one_line
         replace(DAILY, reader_layout="heap")
 
 
-def test_converting_many_partitions_goes_a_batch_a_transaction_and_keeps_what_is_published_meanwhile(pg, monkeypatch):
+def test_converting_many_partitions_goes_a_batch_a_transaction_and_keeps_what_is_published_meanwhile(pg):
     """Partitioned to table, as an hourly dataset of thousands of partitions needs it:
     the new table is filled a batch of versions a transaction (each holds a lock on
     every version it reads), readers and publications go on meanwhile, and what was
     published during the copy is in the reader table after the switch."""
-    monkeypatch.setattr(postgresql, "CONVERSION_BATCH", 1)
     for i, partition in enumerate((DAY, NEXT_DAY, THIRD_DAY)):
         stage_daily(pg, PARTITIONED, f"run-{i}", partition=partition, n=4 + i)
         pg.publish(spec_or_name=PARTITIONED, partition=partition, run_id=f"run-{i}", expected_run_id=None,
@@ -205,6 +204,7 @@ def test_converting_many_partitions_goes_a_batch_a_transaction_and_keeps_what_is
     stage_daily(pg, PARTITIONED, "run-later", partition=DAY, n=11, seed=3)
     grant_to_a_reader(pg)
     publisher, converting = make_warehouse(pg.url), make_warehouse(pg.url)
+    converting.conversion_batch = 1  # a transaction per version
     second_batch = f'FROM "{pg.version_table(DAILY, "run-1")}"'
     published_meanwhile = []
 
