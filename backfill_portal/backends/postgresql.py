@@ -612,6 +612,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
                 self._show_all(spec, current)
                 self._ready.add(spec)
                 return {"versions": len(runs), "published": len(current), "layout": wanted}
+            grants = self._grants_of(spec.name)  # the view's or the table's, before either goes
             if kind == "view":
                 heap = spec.versions_table
                 self.execute(f"DROP VIEW {_quote(spec.name)}")
@@ -625,7 +626,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
             stored = self._columns_of(heap)
             self._create_reader(spec, [f"{_quote(c)} {t}" for c, t in stored.items() if c not in BOOKKEEPING_COLUMNS],
                                 wanted)
-            self._grant(spec.name, self._grants_of(heap))
+            self._grant(spec.name, grants)
             self._build_dataset(spec)
             names = [c for c in self._columns_of(spec.name) if c not in BOOKKEEPING_COLUMNS]
             listed = ", ".join(_quote(c) for c in names)

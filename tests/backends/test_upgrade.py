@@ -94,6 +94,10 @@ def test_the_upgrade_converts_a_view_layout_keeping_every_version_and_the_histor
     # The new code refuses the old layout with a line that says what to do.
     with pytest.raises(ValidationError, match="upgrade_warehouse_layout"):
         make_warehouse(old_url).ensure_dataset(spec)
+    if before.dialect == "postgresql":  # readers were granted the view
+        before.execute("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'bf_test_reader') "
+                       "THEN CREATE ROLE bf_test_reader; END IF; END $$")
+        before.execute(f'GRANT SELECT ON "{spec.name}" TO bf_test_reader')
 
     call_command("upgrade_warehouse_layout", "--reason", "test upgrade")
 
@@ -101,6 +105,8 @@ def test_the_upgrade_converts_a_view_layout_keeping_every_version_and_the_histor
     assert "dwd_order_items: converted (versions 4, " in out
     wh = get_warehouse()
     assert reader_relation_kind(wh, spec.name) == ("p" if wh.dialect == "postgresql" else "table")
+    if wh.dialect == "postgresql":  # and the reader table that replaces it keeps the grant
+        assert wh.query(f"SELECT has_table_privilege('bf_test_reader', '\"{spec.name}\"', 'SELECT')")[0][0]
     # Readers see exactly the published versions, in a real table.
     assert rows_of(wh, f'(SELECT * FROM "{spec.name}" WHERE "_partition" = \'{DAY}\')') == sorted(RUNS["old-2"][1])
     assert rows_of(wh, f'"{spec.name}"') == sorted(RUNS["old-2"][1] + RUNS["old-3"][1])
