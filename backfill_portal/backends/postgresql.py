@@ -597,9 +597,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
                 # Only the layout changes: the versions keep their tables.
                 stored = [f"{_quote(c)} {t}" for c, t in self._columns_of(spec.name).items()
                           if c not in BOOKKEEPING_COLUMNS]
-                for (child,) in self.query(
-                        """SELECT c.relname FROM pg_catalog.pg_inherits AS i JOIN pg_catalog.pg_class AS c
-                        ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(?)""", (_quote(spec.name),)):
+                for child in self._partitions_of(spec.name):
                     self.execute(f"ALTER TABLE {_quote(spec.name)} DETACH PARTITION {_quote(child)}")
                 grants = self._grants_of(spec.name)
                 self.execute(f"DROP TABLE {_quote(spec.name)}")
@@ -674,7 +672,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
             with self.transaction():
                 for partition, run_id in shown[start:start + self.conversion_batch]:
                     copy_in(partition, run_id)
-        indexes = list(dict.fromkeys([(key,), *spec.indexes]))
+        indexes = SqlWarehouse._reader_indexes(self, spec)  # the table layout's: the key's and the declared
         for index in indexes:
             self.execute(f"CREATE INDEX {_quote(_index_name(building, index))} ON {_quote(building)} "
                          f"({', '.join(_quote(c) for c in index)})")
@@ -717,15 +715,19 @@ class PostgreSQLWarehouse(SqlWarehouse):
         for grantee, privilege in grants:
             self.execute(f"GRANT {privilege} ON {_quote(table)} TO {grantee}")
 
+    def _partitions_of(self, table: str, *, limit: int | None = None) -> list[str]:
+        """The tables attached to the partitioned `table` (the first `limit` by name)."""
+        return [c for (c,) in self.query(
+            """SELECT c.relname FROM pg_catalog.pg_inherits AS i JOIN pg_catalog.pg_class AS c
+            ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(?) ORDER BY c.relname LIMIT ?""",
+            (_quote(table), limit))]
+
     def _retire(self, table: str) -> None:
         """A partitioned table readers no longer read lets its partitions (version
         tables) go, `conversion_batch` a transaction, and is dropped."""
         while self._relation_kind(table) is not None:
             with self.transaction():
-                children = [c for (c,) in self.query(
-                    """SELECT c.relname FROM pg_catalog.pg_inherits AS i JOIN pg_catalog.pg_class AS c
-                    ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(?) ORDER BY c.relname LIMIT ?""",
-                    (_quote(table), self.conversion_batch))]
+                children = self._partitions_of(table, limit=self.conversion_batch)
                 for child in children:
                     self.execute(f"ALTER TABLE {_quote(table)} DETACH PARTITION {_quote(child)}")
                 if not children:
