@@ -4,6 +4,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from backfill_portal.execution.lineage_out.outbox import lineage_events_send
+from backfill_portal.execution.services.bundles import runs_execute_bundle
 from backfill_portal.execution.services.dispatch import warehouse_probe_and_resume
 from backfill_portal.execution.services.dispatch import dispatch_request as dispatch_request_service
 from backfill_portal.execution.services.schedule import schedule_production as schedule_production_service
@@ -20,6 +21,13 @@ def dispatch_request(request_id: int) -> int:
 def execute_run(self, run_id: str) -> str:
     """The run's next attempt, then (once staged) its verification and publication."""
     return run_execute_and_verify(run_id=run_id, worker=self.request.hostname or "")
+
+
+@shared_task(name="execution.execute_bundle", bind=True, acks_late=True)
+def execute_bundle(self, run_ids: list[str]) -> dict[str, str]:
+    """Several queued runs of one request's cheap job, step by step together
+    (services/bundles.py); each run as the execute task would take it."""
+    return runs_execute_bundle(run_ids=list(run_ids), worker=self.request.hostname or "")
 
 
 @shared_task(name="execution.verify_run", acks_late=True)

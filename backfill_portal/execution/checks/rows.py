@@ -8,6 +8,7 @@ from backfill_portal.execution.anomalies import trailing_row_counts
 from backfill_portal.execution.checks.registry import register_check
 from backfill_portal.execution.checks.base import CheckContext, VerificationCheck
 from backfill_portal.execution.models import Run
+from backfill_portal.warehouse.models import Version
 
 
 def trailing_baseline(run: Run, window: int = BASELINE_WINDOW) -> float | None:
@@ -36,7 +37,11 @@ class RowCountBaseline(VerificationCheck):
 
     def run(self, ctx: CheckContext):
         rows, tol = ctx.profile.row_count, ctx.tolerances
-        baseline = trailing_baseline(ctx.run)
+        # The baseline the version was staged against (Version.baseline_rows, taken when
+        # it was recorded: execution/anomalies.py), or the trailing median now for a
+        # version recorded without one.
+        staged = Version.objects.filter(run=ctx.run).values_list("baseline_rows", flat=True).first()
+        baseline = staged if staged is not None else trailing_baseline(ctx.run)
         band = float(tol.get("row_band", DEFAULT_ROW_BAND))
         if baseline:
             low, high = baseline * (1 - band), baseline * (1 + band)

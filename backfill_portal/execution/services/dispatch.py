@@ -4,8 +4,10 @@ data-source pool's slots, some reserved for production)."""
 from __future__ import annotations
 
 import logging
+import statistics
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
@@ -20,7 +22,7 @@ from backfill_portal.backfills.services.lifecycle import request_fail, request_r
 from backfill_portal.backfills.services.requests import request_lock
 from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition
 from backfill_portal.catalog.models import Job
-from backfill_portal.core.errors import ConflictError
+from backfill_portal.core.errors import ConflictError, NotFound
 from backfill_portal.core.rows import insert_row
 from backfill_portal.core.services.audit import audit_batch, audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
@@ -211,7 +213,12 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
     with transaction.atomic(), audit_batch():
         if not in_publication:
             dispatch_serialise()
-        request = request_get(request_id)
+        # What dispatch reads of the request: its job, the job's team and pool (the gates);
+        # not the requester, owner and code version request_get also joins for pages.
+        try:
+            request = BackfillRequest.objects.select_related("job__dataset__team", "job__pool").get(pk=request_id)
+        except BackfillRequest.DoesNotExist:
+            raise NotFound(f"backfill request {request_id} does not exist") from None
         if request.status != R.RUNNING or request.paused:
             return 0
         if not in_publication and warehouse_outage_current() is not None:
@@ -227,12 +234,18 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
                     interval_transition(interval, to=I.SKIPPED, reason=reason)
         in_flight = Interval.objects.filter(request=request, status__in=[I.QUEUED, I.RUNNING]).count()
         budget = request.max_active_intervals - in_flight
+        if in_publication and len(jobs) == 1 and in_flight and budget < bundle_size(
+                request, request.job, queued=request.max_active_intervals):
+            # Cheap work, slots freed one at a time: wait for a bundle's worth of them
+            # (the publications still in flight free the rest and dispatch again).
+            return 0
         if budget > 0:
             if len(jobs) == 1:
                 job = request.job
                 candidates = _candidates(request, job, min(budget, free_slots(job, production=False)))
             else:
                 candidates = _cascade_candidates(request, budget)
+            queued: dict[int, list[Run]] = {}
             for interval in candidates:
                 interval.request = request
                 job = jobs[interval.job_id]
@@ -247,11 +260,53 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
                              request_id=request.pk, dataset=job.dataset.name, to_state=RunStatus.QUEUED,
                              data={"run_id": run.run_id, "partition": run.partition_key, "run_type": run.run_type,
                                    "code_version": run.code_version_id})
-                enqueue_execute(run, stamped=True)
+                queued.setdefault(job.pk, []).append(run)
                 created += 1
+            for job_id, runs in queued.items():
+                _send_runs(request, jobs[job_id], runs)
         if not created:  # what it queued is work left
             request_check_done(request)
     return created
+
+
+# How many of a job's latest finished runs tell whether its intervals are cheap.
+CHEAP_SAMPLE = 5
+
+
+def bundle_size(request: BackfillRequest, job: Job, *, queued: int) -> int:
+    """How many of the `queued` runs of `job` this dispatch of `request` may send in one
+    bundle: 1 (each alone) unless bundles are on (EXECUTION_BUNDLE_SIZE), the job has
+    no side effects and does not depend on its past, the request does not verify
+    twice, and the job's last CHEAP_SAMPLE finished runs each took at most
+    EXECUTION_BUNDLE_MAX_SECONDS (their median): only cheap work is worth it, and a job
+    never run yet is not known to be cheap. At most half of what the gates let run at
+    once (the request's max active intervals; the job's, its team's and its pool's
+    limits), so the work keeps at least two lanes for two workers."""
+    pool = job.pool
+    at_once = min(request.max_active_intervals, job.max_concurrent_runs, job.dataset.team.max_concurrent_runs,
+                  pool.slots - pool.reserved_for_production)
+    size = min(settings.EXECUTION_BUNDLE_SIZE, queued, at_once // 2)
+    if size < 2 or job.has_side_effects or job.depends_on_past or request.verify_twice:
+        return 1
+    took = [(end - start).total_seconds() for start, end in
+            Run.objects.filter(job=job, status=RunStatus.PUBLISHED, started_at__isnull=False, finished_at__isnull=False)
+            .order_by("-pk").values_list("started_at", "finished_at")[:CHEAP_SAMPLE]]
+    if len(took) < CHEAP_SAMPLE or statistics.median(took) > settings.EXECUTION_BUNDLE_MAX_SECONDS:
+        return 1
+    return size
+
+
+def _send_runs(request: BackfillRequest, job: Job, runs: list[Run]) -> None:
+    """The execute messages of the runs one dispatch queued for `job`: in bundles where
+    its intervals are cheap (services/bundles.py), else one a run."""
+    size = bundle_size(request, job, queued=len(runs)) if len(runs) > 1 else 1
+    for first in range(0, len(runs), size):
+        bundle = runs[first:first + size]
+        if len(bundle) == 1:
+            enqueue_execute(bundle[0], stamped=True)
+        else:
+            enqueue("execution.execute_bundle", [run.run_id for run in bundle], queue=BACKFILL_QUEUE,
+                    headers={"request_id": request.pk, "job": job.name, "run_ids": [run.run_id for run in bundle]})
 
 
 def request_check_done(request: BackfillRequest) -> None:

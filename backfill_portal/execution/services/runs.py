@@ -172,40 +172,56 @@ def run_execute(*, run_id: str, worker: str = "", verify: InlineVerify | None = 
         return "backing-off"
     if warehouse_outage_current() is not None:
         return "warehouse-unreachable"  # held; the probe that finds it back sends it again
-    attempt = _start_attempt(run, f"{worker or socket.gethostname()}:{os.getpid()}")
+    attempt = _start_attempt(run, worker_name(worker))
     if attempt is None:
         return "claimed-elsewhere"
     with log_context(run_id=run.run_id, attempt_no=attempt.attempt_no, request_id=run.request_id):
         logger.info("attempt %s of %s %s started", attempt.attempt_no, run.job.name, run.partition_key)
         try:
             with Heartbeat(attempt, every=run.job.heartbeat_timeout_seconds / 4) as beat:
-                warehouse = get_warehouse()
-                # Only an earlier attempt of this run can have committed its rows (the
-                # first attempt's staging reads the marker in its own transaction too).
-                marker = warehouse.marker(run.run_id) if attempt.attempt_no > 1 else None
-                if marker is not None:
-                    logger.info("commit marker found (attempt %s): not writing again", marker.attempt_no)
-                else:
-                    from backfill_portal.execution.executors import execute
-
-                    marker = execute(run, attempt.attempt_no, warehouse, should_stop=beat.fenced.is_set)
-        except AlreadyCommitted as exc:
-            # Another attempt of this run committed while we worked (we were stale, or
-            # raced it): its rows are this run's rows; go on with its marker.
-            logger.info("attempt %s of the same run committed first", exc.marker.attempt_no)
-            marker = exc.marker
+                marker = write_version(run, attempt, get_warehouse(), should_stop=beat.fenced.is_set)
         except Exception as exc:  # the attempt fails; the policy decides what next
-            logger.warning("attempt failed: %s", exc)
-            error = f"{type(exc).__name__}: {exc}"
-            # Whether the warehouse itself refuses connections, asked of a fresh one: the
-            # error's type cannot tell a dead server from a statement that failed.
-            outage = warehouse_outage_confirm(error=error)
-            return attempt_fail(attempt=attempt, run=run, error=error, outage=outage is not None)
+            return attempt_failed(attempt=attempt, run=run, exc=exc)
         inline = verify is not None and run.run_type != RunType.VERIFICATION
         result = _attempt_succeed(attempt=attempt, run=run, marker=marker, claim_verification=inline)
         if inline and result == "staged":
             return verify(run, {"verify_token": run.verify_token})
         return result
+
+
+def worker_name(worker: str = "") -> str:
+    """What an attempt records as its worker: the Celery node (or this host) and the process."""
+    return f"{worker or socket.gethostname()}:{os.getpid()}"
+
+
+def write_version(run: Run, attempt: Attempt, warehouse, *, should_stop: Callable[[], bool]):
+    """The attempt's work: the run's version written with its commit marker, which it
+    returns. Only an earlier attempt of this run can have committed its rows (the first
+    attempt's staging reads the marker in its own transaction too): its marker is
+    returned without writing again. Raises what the executor raised."""
+    marker = warehouse.marker(run.run_id) if attempt.attempt_no > 1 else None
+    if marker is not None:
+        logger.info("commit marker found (attempt %s): not writing again", marker.attempt_no)
+        return marker
+    from backfill_portal.execution.executors import execute
+
+    try:
+        return execute(run, attempt.attempt_no, warehouse, should_stop=should_stop)
+    except AlreadyCommitted as exc:
+        # Another attempt of this run committed while we worked (we were stale, or
+        # raced it): its rows are this run's rows; go on with its marker.
+        logger.info("attempt %s of the same run committed first", exc.marker.attempt_no)
+        return exc.marker
+
+
+def attempt_failed(*, attempt: Attempt, run: Run, exc: Exception) -> str:
+    """The attempt's work raised `exc`: end the attempt, and let the retry policy decide."""
+    logger.warning("attempt failed: %s", exc)
+    error = f"{type(exc).__name__}: {exc}"
+    # Whether the warehouse itself refuses connections, asked of a fresh one: the
+    # error's type cannot tell a dead server from a statement that failed.
+    outage = warehouse_outage_confirm(error=error)
+    return attempt_fail(attempt=attempt, run=run, error=error, outage=outage is not None)
 
 
 def _attempt_succeed(*, attempt: Attempt, run: Run, marker, claim_verification: bool = False) -> str:

@@ -83,49 +83,70 @@ def run_verify_claimed(run: Run, fence: dict) -> str:
             with verification_heartbeat(run, fence):
                 checks = run_checks(run, warehouse)  # every registered check, in order
         except Exception as exc:
-            logger.warning("verification could not run: %s", exc)
-            try:
-                run_transition(run, to=S.STAGED, reason=f"verification could not run: {exc}", expect=fence,
-                               updates={"verify_heartbeat_at": None})
-            except ConflictError:
-                return "fenced"
-            if warehouse_outage_confirm(error=f"{type(exc).__name__}: {exc}") is not None:
-                return "warehouse-unreachable"  # the probe that finds it back sends it again
-            raise
-        blocking_failures = [c for c in checks if c.blocking and not c.passed]
-        try:
-            with transaction.atomic(), audit_batch():
-                now = timezone.now()
-                if fence["verify_token"] > 1:
-                    # An earlier verification of this run may have recorded results (the
-                    # first one of a run cannot have).
-                    CheckResult.objects.filter(run=run).delete()
-                CheckResult.objects.bulk_create([
-                    CheckResult(run=run, name=c.name, blocking=c.blocking, passed=c.passed, observed=c.observed,
-                                message=c.message, checked_at=now) for c in checks])
-                summary = {c.name: c.passed for c in checks}
-                if blocking_failures:
-                    reason = "; ".join(f"{c.name}: {c.message}" for c in blocking_failures)
-                    run_transition(run, to=S.VERIFICATION_FAILED, reason=reason[:500], data={"checks": summary},
-                                   updates={"error": reason[:4000], "finished_at": now}, expect=fence)
-                    interval_fail_with_run(run)
-                    logger.warning("verification failed: %s", reason)
-                    return "verification_failed"
-                if _needs_second_rerun(run):
-                    # It waits in `verifying` without a beat: the second rerun is the
-                    # live work now, with its own attempts and its own verification.
-                    if Run.objects.filter(pk=run.pk, status=S.VERIFYING, **fence).update(verify_heartbeat_at=None) != 1:
-                        raise ConflictError(f"run {run.run_id}'s verification was reclaimed", field="status")
-                    second_rerun_start(run)
-                    return "awaiting-second-rerun"
-                current = warehouse.current(run.job.dataset.name, run.partition_key)
-                run_transition(run, to=S.VERIFIED, data={"checks": summary}, expect=fence,
-                               updates={"expected_previous_run_id": current or ""})
-        except ConflictError:
-            logger.warning("verification of %s was reclaimed meanwhile; its result is refused", run.run_id)
-            return "fenced"
+            result = verification_not_run(run, fence, exc)
+            if result == "verification-error":
+                raise
+            return result
+        result, current = verification_verdict(run, fence, checks, warehouse)
+    if result != S.VERIFIED:
+        return result
     # The run was just loaded and moved to verified here; the pointer just read.
     return _publish(run, actor=None, current=current)
+
+
+def verification_not_run(run: Run, fence: dict, exc: Exception) -> str:
+    """The checks could not run: the run goes back to `staged` (the stale-run sweeper
+    sends it to verification again), or the warehouse is down and its probe resumes it.
+    Returns "fenced", "warehouse-unreachable" or "verification-error"."""
+    logger.warning("verification could not run: %s", exc)
+    try:
+        run_transition(run, to=S.STAGED, reason=f"verification could not run: {exc}", expect=fence,
+                       updates={"verify_heartbeat_at": None})
+    except ConflictError:
+        return "fenced"
+    if warehouse_outage_confirm(error=f"{type(exc).__name__}: {exc}") is not None:
+        return "warehouse-unreachable"  # the probe that finds it back sends it again
+    return "verification-error"
+
+
+def verification_verdict(run: Run, fence: dict, checks: list, warehouse) -> tuple[str, str | None]:
+    """Record the checks' results and the verdict in one transaction: `verified` (with
+    the pointer read for its compare-and-set, returned beside it), `verification_failed`
+    (the interval fails), or, for a request that verifies twice, the second rerun
+    queued ("awaiting-second-rerun"). "fenced" when the verification was reclaimed."""
+    blocking_failures = [c for c in checks if c.blocking and not c.passed]
+    try:
+        with transaction.atomic(), audit_batch():
+            now = timezone.now()
+            if fence["verify_token"] > 1:
+                # An earlier verification of this run may have recorded results (the
+                # first one of a run cannot have).
+                CheckResult.objects.filter(run=run).delete()
+            CheckResult.objects.bulk_create([
+                CheckResult(run=run, name=c.name, blocking=c.blocking, passed=c.passed, observed=c.observed,
+                            message=c.message, checked_at=now) for c in checks])
+            summary = {c.name: c.passed for c in checks}
+            if blocking_failures:
+                reason = "; ".join(f"{c.name}: {c.message}" for c in blocking_failures)
+                run_transition(run, to=S.VERIFICATION_FAILED, reason=reason[:500], data={"checks": summary},
+                               updates={"error": reason[:4000], "finished_at": now}, expect=fence)
+                interval_fail_with_run(run)
+                logger.warning("verification failed: %s", reason)
+                return "verification_failed", None
+            if _needs_second_rerun(run):
+                # It waits in `verifying` without a beat: the second rerun is the
+                # live work now, with its own attempts and its own verification.
+                if Run.objects.filter(pk=run.pk, status=S.VERIFYING, **fence).update(verify_heartbeat_at=None) != 1:
+                    raise ConflictError(f"run {run.run_id}'s verification was reclaimed", field="status")
+                second_rerun_start(run)
+                return "awaiting-second-rerun", None
+            current = warehouse.current(run.job.dataset.name, run.partition_key)
+            run_transition(run, to=S.VERIFIED, data={"checks": summary}, expect=fence,
+                           updates={"expected_previous_run_id": current or ""})
+    except ConflictError:
+        logger.warning("verification of %s was reclaimed meanwhile; its result is refused", run.run_id)
+        return "fenced", None
+    return S.VERIFIED, current
 
 
 def verification_claim(run: Run) -> dict | None:
@@ -197,6 +218,17 @@ def _publish(run: Run, *, actor, current=_UNREAD) -> str:
     """`current`: the pointer as the caller last read it, if it did; the switch itself
     is a compare-and-set, so a pointer that moved since is a conflict, never an
     overwrite."""
+    with log_context(run_id=run.run_id, request_id=run.request_id):
+        refused = publish_switch(run, actor=actor, current=current)
+        if refused:
+            return refused
+        return publish_record(run, actor=actor)
+
+
+def publish_switch(run: Run, *, actor, current=_UNREAD) -> str | None:
+    """The warehouse's pointer switch (compare-and-set on the expected previous run):
+    None once the pointer names the run (switched now, or already by an earlier try),
+    else what happened instead ("conflict": the run fails, nothing overwritten)."""
     if run.status != S.VERIFIED:
         return f"skipped-{run.status}"
     if run.run_type == RunType.VERIFICATION:
@@ -206,41 +238,51 @@ def _publish(run: Run, *, actor, current=_UNREAD) -> str:
     expected = run.expected_previous_run_id or None
     if current is _UNREAD:
         current = warehouse.current(dataset.name, run.partition_key)
-    with log_context(run_id=run.run_id, request_id=run.request_id):
-        if current != run.run_id:
-            try:
-                warehouse.publish(spec_or_name=spec_for(dataset), partition=run.partition_key, run_id=run.run_id,
-                                  expected_run_id=expected, actor=getattr(actor, "username", "system"))
-            except PublishConflict as exc:
-                with transaction.atomic():
-                    msg = (f"publish conflict: expected {expected or 'no version'} to be current, "
-                           f"found {exc.current_run_id or 'none'}; nothing was overwritten")
-                    run_transition(run, to=S.FAILED, reason=msg, updates={"error": msg, "finished_at": timezone.now()})
-                    interval_fail_with_run(run)
-                logger.warning(msg)
-                return "conflict"
-        with transaction.atomic(), audit_batch():
-            if run.interval_id:
-                # The next dispatch shares this transaction (below); its lock comes
-                # before the audit chain's, in the order every dispatcher takes them.
-                dispatch_serialise()
-            version = Version.objects.get(run=run)
-            previous_version = Version.objects.filter(run__run_id=expected).select_related("run").first() if expected else None
-            if previous_version is not None:
-                # The same dataset's version, so the same job's (a dataset has one job).
-                previous_version.run.job = run.job
-            if previous_version is not None and previous_version.run.status == S.PUBLISHED:
-                run_transition(previous_version.run, to=S.SUPERSEDED, reason=f"superseded by {run.run_id}")
-            run_transition(run, to=S.PUBLISHED, actor=actor, updates={"finished_at": timezone.now()},
-                           data={"previous": expected, "row_count": version.row_count})
-            insert_row(Publication(dataset=dataset, partition_key=run.partition_key, version=version,
-                                   previous_version=previous_version, action=Publication.Action.PUBLISH,
-                                   actor=actor, request=run.request, published_at=timezone.now()))
-            if run.interval_id:
-                run.interval.request = run.request
-                interval_transition(run.interval, to=I.PUBLISHED, data={"run_id": run.run_id})
+    if current == run.run_id:
+        return None
+    try:
+        warehouse.publish(spec_or_name=spec_for(dataset), partition=run.partition_key, run_id=run.run_id,
+                          expected_run_id=expected, actor=getattr(actor, "username", "system"))
+    except PublishConflict as exc:
+        with transaction.atomic():
+            msg = (f"publish conflict: expected {expected or 'no version'} to be current, "
+                   f"found {exc.current_run_id or 'none'}; nothing was overwritten")
+            run_transition(run, to=S.FAILED, reason=msg, updates={"error": msg, "finished_at": timezone.now()})
+            interval_fail_with_run(run)
+        logger.warning(msg)
+        return "conflict"
+    return None
+
+
+def publish_record(run: Run, *, actor, dispatch: bool = True) -> str:
+    """Mirror a switched pointer in the metadata, in one transaction: the run published
+    (its predecessor superseded), the Publication row, the interval published, and
+    (`dispatch`) the freed slot filled by the request's next dispatch."""
+    dataset = run.job.dataset
+    expected = run.expected_previous_run_id or None
+    with transaction.atomic(), audit_batch():
+        if run.interval_id:
+            # The next dispatch shares this transaction (below); its lock comes
+            # before the audit chain's, in the order every dispatcher takes them.
+            dispatch_serialise()
+        version = Version.objects.get(run=run)
+        previous_version = Version.objects.filter(run__run_id=expected).select_related("run").first() if expected else None
+        if previous_version is not None:
+            # The same dataset's version, so the same job's (a dataset has one job).
+            previous_version.run.job = run.job
+        if previous_version is not None and previous_version.run.status == S.PUBLISHED:
+            run_transition(previous_version.run, to=S.SUPERSEDED, reason=f"superseded by {run.run_id}")
+        run_transition(run, to=S.PUBLISHED, actor=actor, updates={"finished_at": timezone.now()},
+                       data={"previous": expected, "row_count": version.row_count})
+        insert_row(Publication(dataset=dataset, partition_key=run.partition_key, version=version,
+                               previous_version=previous_version, action=Publication.Action.PUBLISH,
+                               actor=actor, request=run.request, published_at=timezone.now()))
+        if run.interval_id:
+            run.interval.request = run.request
+            interval_transition(run.interval, to=I.PUBLISHED, data={"run_id": run.run_id})
+            if dispatch:
                 _dispatch_next(run.request_id)
-        logger.info("published %s/%s (previous %s)", dataset.name, run.partition_key, expected)
+    logger.info("published %s/%s (previous %s)", dataset.name, run.partition_key, expected)
     return "published"
 
 
