@@ -28,7 +28,6 @@ the bundle finds its runs claimed and does nothing.
 from __future__ import annotations
 
 import logging
-import threading
 
 from django.db import transaction
 from django.db.models import Q
@@ -44,14 +43,14 @@ from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.services.runs import (
     Heartbeat,
-    _attempt_succeed,
-    _start_attempt,
+    attempt_succeed,
+    attempt_start,
     attempt_failed,
     worker_name,
     write_version,
 )
 from backfill_portal.execution.services.verify import (
-    _dispatch_next,
+    dispatch_after_publication,
     publish_record,
     publish_switch,
     run_execute_and_verify,
@@ -103,7 +102,7 @@ def _claim_and_stage(runs: list[Run], worker: str, results: dict[str, str]) -> l
     with transaction.atomic(), audit_batch():
         started = []
         for run in runs:
-            attempt = _start_attempt(run, worker)
+            attempt = attempt_start(run, worker)
             if attempt is None:
                 results[run.run_id] = "claimed-elsewhere"
             else:
@@ -125,7 +124,7 @@ def _claim_and_stage(runs: list[Run], worker: str, results: dict[str, str]) -> l
     with transaction.atomic(), audit_batch():
         for run, attempt, marker in markers:
             with log_context(run_id=run.run_id, attempt_no=attempt.attempt_no):
-                result = _attempt_succeed(attempt=attempt, run=run, marker=marker, claim_verification=True)
+                result = attempt_succeed(attempt=attempt, run=run, marker=marker, claim_verification=True)
             if result == "staged":
                 staged.append((run, {"verify_token": run.verify_token}))
             else:
@@ -165,7 +164,11 @@ def _publish(verified: list[tuple[Run, str | None]], results: dict[str, str]) ->
     switched = []
     for run, current in verified:
         with log_context(run_id=run.run_id):
-            refused = publish_switch(run, actor=None, current=current)
+            try:
+                refused = publish_switch(run, actor=None, current=current)
+            except Exception:  # the warehouse failed it: the run stays verified, and is sent again
+                logger.exception("the pointer switch of %s failed; the sweeper will send it again", run.run_id)
+                refused = "switch-failed"
         if refused:
             results[run.run_id] = refused
         else:
@@ -181,7 +184,7 @@ def _publish(verified: list[tuple[Run, str | None]], results: dict[str, str]) ->
                     logger.exception("publication of %s could not be recorded; the sweeper will", run.run_id)
                     results[run.run_id] = "unrecorded"
         if any(results[run.run_id] == "published" for run in switched):
-            _dispatch_next(switched[0].request_id)  # the slots the bundle freed, filled at once
+            dispatch_after_publication(switched[0].request_id)  # the slots the bundle freed, filled at once
 
 
 class _AttemptsHeartbeat(Heartbeat):
@@ -190,17 +193,15 @@ class _AttemptsHeartbeat(Heartbeat):
     fenced (`stopped(attempt)` turns true); the others beat on."""
 
     def __init__(self, attempts: list[Attempt], every: float):
+        # Replaced whole by the heartbeat's thread, read by the bundle's: no lock needed.
         self._alive = frozenset(attempt.pk for attempt in attempts)
-        self._lock = threading.Lock()
         super().__init__(beat=self._beat, every=every, name="bundle-heartbeat")
 
     def _beat(self) -> bool:
         alive = self._alive
-        now = timezone.now()
-        if Attempt.objects.filter(pk__in=alive, status=A.RUNNING).update(heartbeat_at=now) != len(alive):
-            alive = frozenset(Attempt.objects.filter(pk__in=alive, status=A.RUNNING).values_list("pk", flat=True))
-            with self._lock:
-                self._alive = alive
+        if Attempt.objects.filter(pk__in=alive, status=A.RUNNING).update(heartbeat_at=timezone.now()) != len(alive):
+            self._alive = alive = frozenset(
+                Attempt.objects.filter(pk__in=alive, status=A.RUNNING).values_list("pk", flat=True))
         return bool(alive)
 
     def stopped(self, attempt: Attempt):

@@ -234,15 +234,17 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
                     interval_transition(interval, to=I.SKIPPED, reason=reason)
         in_flight = Interval.objects.filter(request=request, status__in=[I.QUEUED, I.RUNNING]).count()
         budget = request.max_active_intervals - in_flight
-        if in_publication and len(jobs) == 1 and in_flight and budget < bundle_size(
-                request, request.job, queued=request.max_active_intervals):
-            # Cheap work, slots freed one at a time: wait for a bundle's worth of them
-            # (the publications still in flight free the rest and dispatch again).
-            return 0
+        sizes: dict[int, int] = {}  # a job's bundle size, where this dispatch knows it
         if budget > 0:
             if len(jobs) == 1:
                 job = request.job
-                candidates = _candidates(request, job, min(budget, free_slots(job, production=False)))
+                room = min(budget, free_slots(job, production=False))
+                sizes[job.pk] = bundle_size(request, job, queued=request.max_active_intervals)
+                if in_publication and in_flight and room < sizes[job.pk]:
+                    # Cheap work whose slots come free one at a time: wait for a bundle's
+                    # worth (the publications still in flight dispatch again).
+                    return 0
+                candidates = _candidates(request, job, room)
             else:
                 candidates = _cascade_candidates(request, budget)
             queued: dict[int, list[Run]] = {}
@@ -263,7 +265,7 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
                 queued.setdefault(job.pk, []).append(run)
                 created += 1
             for job_id, runs in queued.items():
-                _send_runs(request, jobs[job_id], runs)
+                _send_runs(request, jobs[job_id], runs, size=sizes.get(job_id))
         if not created:  # what it queued is work left
             request_check_done(request)
     return created
@@ -296,10 +298,14 @@ def bundle_size(request: BackfillRequest, job: Job, *, queued: int) -> int:
     return size
 
 
-def _send_runs(request: BackfillRequest, job: Job, runs: list[Run]) -> None:
-    """The execute messages of the runs one dispatch queued for `job`: in bundles where
-    its intervals are cheap (services/bundles.py), else one a run."""
-    size = bundle_size(request, job, queued=len(runs)) if len(runs) > 1 else 1
+def _send_runs(request: BackfillRequest, job: Job, runs: list[Run], *, size: int | None = None) -> None:
+    """The execute messages of the runs one dispatch queued for `job`: in bundles of up
+    to `size` (`bundle_size`, asked here if not given) where its intervals are cheap
+    (services/bundles.py), else one a run."""
+    if len(runs) < 2:
+        size = 1
+    elif size is None:
+        size = bundle_size(request, job, queued=len(runs))
     for first in range(0, len(runs), size):
         bundle = runs[first:first + size]
         if len(bundle) == 1:

@@ -84,7 +84,10 @@ def attempt_heartbeat(*, attempt_pk: int) -> bool:
     return Attempt.objects.filter(pk=attempt_pk, status=A.RUNNING).update(heartbeat_at=timezone.now()) == 1
 
 
-def _start_attempt(run: Run, worker: str) -> Attempt | None:
+def attempt_start(run: Run, worker: str) -> Attempt | None:
+    """Claim a queued run (queued -> running) and open its next attempt, in one
+    transaction (inside a caller's, a savepoint of it); None when another delivery
+    claimed the run first."""
     with transaction.atomic(), audit_batch():
         try:
             run_transition(run, to=S.RUNNING, updates={"started_at": run.started_at or timezone.now()})
@@ -172,7 +175,7 @@ def run_execute(*, run_id: str, worker: str = "", verify: InlineVerify | None = 
         return "backing-off"
     if warehouse_outage_current() is not None:
         return "warehouse-unreachable"  # held; the probe that finds it back sends it again
-    attempt = _start_attempt(run, worker_name(worker))
+    attempt = attempt_start(run, worker_name(worker))
     if attempt is None:
         return "claimed-elsewhere"
     with log_context(run_id=run.run_id, attempt_no=attempt.attempt_no, request_id=run.request_id):
@@ -183,7 +186,7 @@ def run_execute(*, run_id: str, worker: str = "", verify: InlineVerify | None = 
         except Exception as exc:  # the attempt fails; the policy decides what next
             return attempt_failed(attempt=attempt, run=run, exc=exc)
         inline = verify is not None and run.run_type != RunType.VERIFICATION
-        result = _attempt_succeed(attempt=attempt, run=run, marker=marker, claim_verification=inline)
+        result = attempt_succeed(attempt=attempt, run=run, marker=marker, claim_verification=inline)
         if inline and result == "staged":
             return verify(run, {"verify_token": run.verify_token})
         return result
@@ -224,7 +227,7 @@ def attempt_failed(*, attempt: Attempt, run: Run, exc: Exception) -> str:
     return attempt_fail(attempt=attempt, run=run, error=error, outage=outage is not None)
 
 
-def _attempt_succeed(*, attempt: Attempt, run: Run, marker, claim_verification: bool = False) -> str:
+def attempt_succeed(*, attempt: Attempt, run: Run, marker, claim_verification: bool = False) -> str:
     """`claim_verification`: the run goes on to `verifying` with its next token in this
     transaction (its verifier is this task), instead of a verify message."""
     try:

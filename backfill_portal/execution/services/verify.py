@@ -281,12 +281,12 @@ def publish_record(run: Run, *, actor, dispatch: bool = True) -> str:
             run.interval.request = run.request
             interval_transition(run.interval, to=I.PUBLISHED, data={"run_id": run.run_id})
             if dispatch:
-                _dispatch_next(run.request_id)
+                dispatch_after_publication(run.request_id)
     logger.info("published %s/%s (previous %s)", dataset.name, run.partition_key, expected)
     return "published"
 
 
-def _dispatch_next(request_id: int) -> None:
+def dispatch_after_publication(request_id: int) -> None:
     """A published interval frees a slot: fill it now, in the publication's own
     transaction (the dispatch lock and the audit chain's are already held), rather
     than through another task or another transaction. The dispatch is a savepoint: if
