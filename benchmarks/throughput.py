@@ -6,7 +6,9 @@ Redis (or AMQP) broker and the same worker processes, in one run, alternated.
   PAGE_VIEWS page views an hour in the source), filed, approved and run by the worker
   through the portal's whole path (dispatch, attempts, pins, staging with the marker,
   verification checks, compare-and-set publication, audit rows, outbox), timed from
-  filing until every interval is published.
+  filing until every interval is published. The job's intervals are cheap, so once a
+  warm-up day has shown it, they go in bundles (EXECUTION_BUNDLE_SIZE, as for any
+  user; EXECUTION_BUNDLE_SIZE=1 in the environment measures each run alone).
 - Bare: one task per interval of the same hours (benchmarks/throughput_tasks.py), all
   sent at once, running the same warehouse statements through the same backend
   interface into a dataset of its own, and nothing of the portal's bookkeeping.

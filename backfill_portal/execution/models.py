@@ -68,6 +68,9 @@ class Run(models.Model):
             models.Index(fields=["id"], condition=models.Q(failing=True), name="run_failing_id"),
             models.Index(fields=["job", "id"], condition=models.Q(failing=True), name="run_failing_job_id"),
             models.Index(fields=["status", "id"]),
+            # A job's latest published runs: whether its intervals are cheap enough to
+            # bundle (execution/services/dispatch.py, bundle_size), read at dispatch.
+            models.Index(fields=["job", "id"], condition=models.Q(status="published"), name="run_published_job_id"),
             models.Index(fields=["request", "status"]),
             models.Index(fields=["request", "created_at", "id"]),
         ]

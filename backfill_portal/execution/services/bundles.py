@@ -62,6 +62,7 @@ from backfill_portal.warehouse.services.outage import warehouse_outage_current
 
 logger = logging.getLogger(__name__)
 
+
 def runs_execute_bundle(*, run_ids: list[str], worker: str = "") -> dict[str, str]:
     """Run a bundle (module docstring); returns what happened to each run, by run id.
     A run that is not simply queued (staged already, backing off, claimed) goes the
@@ -107,6 +108,8 @@ def _claim_and_stage(runs: list[Run], worker: str, results: dict[str, str]) -> l
                 results[run.run_id] = "claimed-elsewhere"
             else:
                 started.append((run, attempt))
+    if not started:
+        return []
     warehouse = get_warehouse()
     markers = []
     with _AttemptsHeartbeat([attempt for _, attempt in started], runs[0].job.heartbeat_timeout_seconds / 4) as beat:
