@@ -8,11 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.utils import timezone
 
 from backfill_portal.backfills.choices import Cascade
 from backfill_portal.backfills.models import BackfillRequest
 from backfill_portal.catalog.calendar import PlannedInterval, plan_intervals
-from backfill_portal.backfills.services.requests import CascadeNode, NodeAction, PlannedStep, approval_plan, plan_cascade
+from backfill_portal.backfills.services.requests import (
+    CascadeNode,
+    NodeAction,
+    PlannedStep,
+    approval_plan,
+    not_ended,
+    plan_cascade,
+)
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
 from backfill_portal.backfills.staleness import StaleLater, check_exclusions, stale_later
 from backfill_portal.backfills.transitions import REQUEST_ACTIVE
@@ -47,6 +55,9 @@ def request_plan_preview(*, user, job: Job, start, end, side_effects: list[str] 
     ds = job.dataset
     planned = plan_intervals(grain=ds.grain, timezone=ds.timezone, first=start, last=end,
                              limit=settings.BACKFILL_MAX_INTERVALS)
+    now = timezone.now()
+    if unended := not_ended(job=job, planned=planned, now=now):
+        raise ValidationError(unended[0], fields={"end": unended})
     exclude_stale = exclude_stale or {}
     effects = list(Job.objects.select_related("dataset__owner").filter(name__in=list(side_effects or [])))
     known = {j.name: j for j in effects}
@@ -63,6 +74,8 @@ def request_plan_preview(*, user, job: Job, start, end, side_effects: list[str] 
     if cascade in (Cascade.CASCADE, Cascade.HANDOFF):
         downstream = plan_cascade(job=job, cascade=cascade, start=planned[0].start, end=planned[-1].end,
                                   authorised=set(known), overrides={}, exclude_stale=exclude_stale)
+        if unended := not_ended(job=job, planned=[], downstream=downstream, now=now):
+            raise ValidationError(unended[0], fields={"end": unended})
         stale += [n.stale for n in downstream if n.stale is not None]
     unplanned = check_exclusions(exclude_stale, {s.job.name: s for s in stale})
     if unplanned:

@@ -9,6 +9,8 @@ which is wrong across a DST change.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -244,6 +246,13 @@ def previous_partition(*, grain: str, timezone: str, partition_key: str) -> str:
     is the one containing the instant just before this one starts."""
     iv = interval_for_key(grain=grain, timezone=timezone, partition_key=partition_key)
     return partition_for(grain=grain, timezone=timezone, at=iv.start - timedelta(microseconds=1)).partition_key
+
+
+def first_unended(intervals: Sequence[PlannedInterval], *, now: datetime) -> PlannedInterval | None:
+    """The first of these intervals (in order, as planned) that has not ended at `now`,
+    or None when every one has. An interval [start, end) has ended once `now` >= end."""
+    i = bisect_right(intervals, now, key=lambda iv: iv.end)
+    return intervals[i] if i < len(intervals) else None
 
 
 def dst_notes(intervals) -> list[str]:

@@ -9,6 +9,7 @@ import pytest
 from backfill_portal.catalog.calendar import (
     PlannedInterval,
     dst_notes,
+    first_unended,
     interval_for_key,
     parse_partition,
     partition_for,
@@ -319,6 +320,16 @@ def test_range_over_the_limit_is_refused_with_the_count():
 
 def test_hourly_limit_counts_real_hours_across_fall_back():
     refusal("end", grain="hour", timezone=NY, first="2022-11-06T00:00-04:00", last="2022-11-06T23:00-05:00", limit=24)
+
+
+def test_first_unended_is_the_first_interval_whose_end_is_after_now():
+    ivs = plan_intervals(grain="day", timezone=SHANGHAI, first="2022-10-01", last="2022-10-03")
+    assert first_unended(ivs, now=utc(2022, 10, 4)) is None  # every one has ended
+    assert first_unended(ivs, now=utc(2022, 10, 3, 16)) is None  # [start, end): ended at its end
+    assert first_unended(ivs, now=utc(2022, 10, 3, 15, 59, 59)).partition_key == "2022-10-03"
+    assert first_unended(ivs, now=utc(2022, 10, 1, 17)).partition_key == "2022-10-02"
+    assert first_unended(ivs, now=utc(2000, 1, 1)).partition_key == "2022-10-01"  # all in the future
+    assert first_unended([], now=utc(2022, 10, 1)) is None
 
 
 def test_huge_range_is_refused_before_it_is_built():

@@ -75,6 +75,7 @@ def test_double_post_of_the_same_form_files_one_request(web, catalog):
     ({"reason": "   "}, "reason", "This field is required"),
     ({"start": "2022/10/01"}, "start", "expected YYYY-MM-DD"),
     ({"max_active_intervals": "0"}, "max_active_intervals", "greater than or equal to 1"),
+    ({"start": "2099-01-01", "end": "2099-01-02"}, "end", "partition 2099-01-01 of dwd_order_items has not ended yet"),
 ])
 def test_bad_form_shows_the_field_error_inline_and_writes_nothing(web, catalog, overrides, field, message):
     events = AuditEvent.objects.count()
@@ -207,6 +208,12 @@ def test_preview_of_a_large_request_adds_the_admin_size_step(web, catalog, setti
     html = web("alice").post(PREVIEW, {"job": "dwd_order_items", "start": "2022-10-01",
                                        "end": "2022-10-31"}).content.decode()
     assert "Size approval (admin)" in html and "31 intervals" in html
+
+
+def test_preview_says_a_range_that_has_not_ended_cannot_be_filed(web, catalog):
+    html = web("alice").post(PREVIEW, {"job": "dwd_order_items", "start": "2099-01-01",
+                                       "end": "2099-01-02"}).content.decode()
+    assert "partition 2099-01-01 of dwd_order_items has not ended yet: it ends at 2099-01-01 16:00 UTC" in html
 
 
 def test_preview_refuses_a_range_over_the_limit_cheaply(web, catalog, settings):

@@ -17,7 +17,7 @@ from backfill_portal.backfills.approval_rules import PlannedStep
 from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepStatus, Strategy
 from backfill_portal.backfills.models import MAX_ACTIVE_INTERVALS_LIMIT, ApprovalStep, BackfillRequest, Interval
 from backfill_portal.backfills.selectors import request_get
-from backfill_portal.catalog.calendar import PlannedInterval, plan_intervals
+from backfill_portal.catalog.calendar import PlannedInterval, first_unended, plan_intervals
 from backfill_portal.backfills.services.notifications import notify_approvers
 from backfill_portal.backfills.services.run_control import run_control
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
@@ -60,7 +60,8 @@ def backfill_request_create(
     1. Check the role and every field; collect field errors, write nothing on any.
     2. The same idempotency key from the same user returns the same request
        (a different payload under a reused key is a conflict).
-    3. Plan the intervals in the dataset's timezone. A depends_on_past job's published
+    3. Plan the intervals in the dataset's timezone; every one (and every one a cascade
+       rebuilds) must have ended. A depends_on_past job's published
        partitions after the last planned one are stale (each read the one before):
        they join the plan, in order, except those named in `exclude_stale`
        ({job: [partition]}); the same holds for every depends_on_past node a cascade
@@ -113,6 +114,7 @@ def backfill_request_create(
             return _same_or_conflict(existing, digest), False
 
     planned = []
+    now = timezone.now()
     if job_obj is not None and not errors.get("job"):
         try:
             planned = plan_intervals(
@@ -124,6 +126,8 @@ def backfill_request_create(
                 errors.setdefault(key, []).extend(messages)
             if not exc.fields:
                 errors.setdefault("start", []).append(exc.message)
+        if unended := not_ended(job=job_obj, planned=planned, now=now):
+            errors.setdefault("end", []).extend(unended)
     stale: dict[str, StaleLater] = {}
     if planned and not errors and job_obj.depends_on_past:
         try:
@@ -141,6 +145,8 @@ def backfill_request_create(
         except ValidationError as exc:
             for key, messages in exc.fields.items():
                 errors.setdefault(key, []).extend(messages)
+        if unended := not_ended(job=job_obj, planned=[], downstream=cascade_plan, now=now):
+            errors.setdefault("end", []).extend(unended)
     elif node_actions:
         errors.setdefault("node_actions", []).append("node actions need cascade or handoff")
     stale.update({n.job.name: n.stale for n in cascade_plan if n.stale is not None})
@@ -214,6 +220,28 @@ class CascadeNode:
     action: str
     partitions: list  # PlannedInterval
     stale: StaleLater | None = field(default=None)  # depends_on_past: its later partitions (in `partitions`)
+
+
+def not_ended(*, job: Job, planned: list[PlannedInterval], downstream: Iterable[CascadeNode] = (), now) -> list[str]:
+    """Why the plan is refused for intervals that have not ended at `now` (empty: every
+    one has). The scheduler never runs an interval before its end, and neither does a
+    backfill: one of today (or later) would publish a partial partition that readers
+    take for the whole. Checks the target's intervals and those of the downstream nodes
+    a cascade rebuilds; names the first that has not ended and when it ends, in UTC."""
+    messages = []
+    iv = first_unended(planned, now=now)
+    if iv is not None:
+        messages.append(f"partition {iv.partition_key} of {job.name} has not ended yet: it ends at "
+                        f"{iv.end:%Y-%m-%d %H:%M} UTC; backfill only intervals that have ended, or readers "
+                        f"would see a partial {iv.grain}")
+    for node in downstream:
+        iv = first_unended(node.partitions, now=now) if node.action == NodeAction.REBUILD else None
+        if iv is not None:
+            messages.append(f"the cascade rebuilds partition {iv.partition_key} of {node.job.name}, which has not "
+                            f"ended yet: it ends at {iv.end:%Y-%m-%d %H:%M} UTC; end the range earlier, or skip "
+                            f"{node.job.name}")
+            break
+    return messages
 
 
 def _stale_notes(stale: StaleLater | None) -> dict[str, str]:
