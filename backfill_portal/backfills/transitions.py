@@ -50,8 +50,14 @@ STEP_EDGES: dict[str, frozenset[str]] = {
 def request_transition(request: BackfillRequest, *, to: str, actor, reason: str = "", updates: dict | None = None,
                        data: dict | None = None, action: str | None = None) -> BackfillRequest:
     updates = dict(updates or {})
-    if to in REQUEST_TERMINAL and "finished_at" not in updates:
-        updates["finished_at"] = timezone.now()
+    if to in REQUEST_TERMINAL:
+        if "finished_at" not in updates:
+            updates["finished_at"] = timezone.now()
+        # Pause means "dispatch nothing new for now": an ended request has nothing to
+        # resume, so it must not stay paused (it would read "cancelled, paused").
+        updates["paused"] = False
+        if request.paused:
+            data = {**(data or {}), "was_paused": True}
     return apply_transition(
         instance=request, to=to, edges=REQUEST_EDGES, actor=actor, object_type="request",
         request_id=request.pk, dataset=request.job.dataset.name, reason=reason,

@@ -1,5 +1,6 @@
 """Pause and resume (backfills' lifecycle services): a paused request dispatches nothing
-new, resuming dispatches again; the API's refusals are clear."""
+new, resuming dispatches again; the API's refusals are clear; a request that ends
+(cancelled, say) is no longer paused."""
 from __future__ import annotations
 
 import pytest
@@ -42,3 +43,18 @@ def test_pause_resume_and_retry_through_the_api_with_clear_refusals(personas, re
     ready.drain()
     done = api("alice").post(f"/api/requests/{request.pk}/retry_failed/")
     assert done.status_code == 409  # nothing failed
+
+
+def test_cancelling_a_paused_request_ends_its_pause_in_the_audited_cancel(personas, ready, api):
+    request = approved_request(personas, start="2022-10-01", end="2022-10-02", max_active_intervals=1)
+    assert api("alice").post(f"/api/requests/{request.pk}/pause/").json()["paused"] is True
+    response = api("oscar").post(f"/api/requests/{request.pk}/cancel/", {"reason": "wrong range"}, format="json")
+    assert response.status_code == 200, response.json()
+    assert (response.json()["status"], response.json()["paused"]) == (RequestStatus.CANCELLED, False)
+    request.refresh_from_db()
+    assert (request.status, request.paused) == (RequestStatus.CANCELLED, False)
+    row = AuditEvent.objects.get(request_id=request.pk, action="request.cancel")
+    assert (row.from_state, row.to_state, row.data["was_paused"]) == ("running", "cancelled", True)
+    resume = api("oscar").post(f"/api/requests/{request.pk}/resume/")
+    assert resume.status_code == 409 and "is cancelled and not paused" in resume.json()["detail"]
+
