@@ -1,7 +1,7 @@
 """Role homes: on-call sees what is broken now (failed runs nothing repaired, scheduled
 ones too; stuck runs; partitions built from rolled-back inputs; requests waiting in
 reconciliation), owners their inbox and their datasets' health, requesters their
-requests; the auditor is never offered the request form."""
+requests; the auditor is never offered the request form, nor a link to it."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone as tz
@@ -11,10 +11,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from backfill_portal.catalog.models import Job
+from backfill_portal.execution.anomalies import Anomaly
 from backfill_portal.execution.choices import RunStatus, RunType
 from backfill_portal.execution.models import Run
 from backfill_portal.execution.services.schedule import schedule_production
 from backfill_portal.recovery.rollback import partition_rollback
+from backfill_portal.web.pages import home
 
 
 def section(html: str, heading_id: str) -> str:
@@ -82,3 +84,15 @@ def test_the_auditor_is_never_offered_the_request_form(web, catalog):
     assert client.post(reverse("request-new"), {"job": "dwd_order_items"}).status_code == 403
     # Everyone who may file still sees it.
     assert reverse("request-new") in web("alice").get(reverse("home")).content.decode()
+
+
+def test_an_anomaly_offers_the_corrective_backfill_only_to_who_may_file_it(web, catalog, monkeypatch):
+    anomaly = Anomaly(dataset="dwd_order_items", job="dwd_order_items", owner="olivia", partition_key="2022-10-05",
+                      rows=200, baseline=100.0, run_id="r-doubled", run_pk=1, request_id=None)
+    monkeypatch.setattr(home, "partition_anomalies", lambda: [anomaly])
+    corrective = f'{reverse("request-new")}?job=dwd_order_items&amp;start=2022-10-05&amp;end=2022-10-05'
+    auditor = section(web("audrey").get(reverse("home")).content.decode(), "anomalies-h")
+    assert "dwd_order_items 2022-10-05" in auditor and "2.0x baseline" in auditor  # she still sees it
+    assert corrective not in auditor and "File the corrective backfill" not in auditor
+    for name in ("alice", "oscar"):
+        assert corrective in section(web(name).get(reverse("home")).content.decode(), "anomalies-h")
