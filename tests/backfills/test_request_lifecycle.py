@@ -222,6 +222,18 @@ def test_requester_can_cancel_draft_pending_or_approved_request(api, catalog, st
     assert set(Interval.objects.filter(request_id=request_id).values_list("status", flat=True)) == {"cancelled"}
 
 
+@pytest.mark.parametrize("body", [{}, {"reason": ""}, {"reason": "   "}])
+def test_cancel_needs_a_reason(api, catalog, body):
+    request_id = make_pending(api)
+    before = row_ids(request_id)
+    response = api("alice").post(f"/api/requests/{request_id}/cancel/", body, format="json")
+    assert response.status_code == 400, response.json()
+    assert response.json()["errors"] == {"reason": ["say why you cancel; the requester and auditors will read it"]}
+    assert status_of(request_id) == RequestStatus.PENDING_APPROVAL
+    assert row_ids(request_id) == before
+    assert ApprovalStep.objects.get(request_id=request_id).status == StepStatus.PENDING
+
+
 def test_oncall_can_cancel_someone_elses_request(api, catalog):
     request_id = make_pending(api)
     before = row_ids(request_id)
@@ -255,14 +267,14 @@ def _assert_refused(api, who: str, request_id: int, verb: str, **body) -> None:
 
 def test_cancelling_a_cancelled_request_is_a_conflict(api, catalog):
     request_id = created(api("alice"))["id"]
-    assert post(api("alice"), request_id, "cancel").status_code == 200
-    _assert_refused(api, "alice", request_id, "cancel")
+    assert post(api("alice"), request_id, "cancel", reason="not needed").status_code == 200
+    _assert_refused(api, "alice", request_id, "cancel", reason="not needed")
 
 
 def test_cancelling_a_rejected_request_is_a_conflict(api, catalog):
     request_id = make_pending(api)
     assert post(api("olivia"), request_id, "reject", comment="no").status_code == 200
-    _assert_refused(api, "alice", request_id, "cancel")
+    _assert_refused(api, "alice", request_id, "cancel", reason="not needed")
 
 
 def test_submitting_twice_is_a_conflict(api, catalog):
@@ -468,7 +480,7 @@ def test_adjacent_ranges_do_not_overlap(api, catalog):
 
 def test_overlap_with_a_cancelled_or_draft_request_is_not_flagged(api, catalog):
     cancelled = make_pending(api, start="2022-10-01", end="2022-10-10")
-    assert post(api("alice"), cancelled, "cancel").status_code == 200
+    assert post(api("alice"), cancelled, "cancel", reason="not needed").status_code == 200
     created(api("alice"), start="2022-10-01", end="2022-10-10")  # a draft is not active
     third = created(api("alice"), start="2022-10-05", end="2022-10-06")["id"]
     response = post(api("alice"), third, "submit")

@@ -146,6 +146,16 @@ def test_requester_cancels_with_a_reason(web, make_request):
     assert AuditEvent.objects.get(action="request.cancel", request_id=req.pk).reason == "wrong range"
 
 
+@pytest.mark.parametrize("reason", ["", "   "])
+def test_cancel_without_a_reason_is_refused_and_the_request_stays(web, make_request, reason):
+    req = make_request("pending")
+    response = web("alice").post(action(req, "cancel"), {"reason": reason})
+    assert response.status_code == 400
+    assert "say why you cancel; the requester and auditors will read it" in response.content.decode()
+    assert status_of(req) == "pending_approval"
+    assert not AuditEvent.objects.filter(action="request.cancel", request_id=req.pk).exists()
+
+
 def test_oncall_pauses_and_resumes_someone_elses_running_request(web, make_request):
     req = make_request("running")
     client = web("oscar")

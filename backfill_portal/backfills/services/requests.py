@@ -492,10 +492,14 @@ def backfill_request_decide(*, actor, request_id, approve: bool, comment: str = 
     return request
 
 
-def backfill_request_cancel(*, actor, request_id, reason: str = "") -> BackfillRequest:
-    """Cancel: the requester, on-call or an admin. Open intervals are cancelled with it."""
+def backfill_request_cancel(*, actor, request_id, reason: str) -> BackfillRequest:
+    """Cancel: the requester, on-call or an admin, saying why (as reject and rollback
+    do). Open intervals are cancelled with it."""
     request = request_get(request_id)
     policy.require_operate(actor, request, "request.cancel")
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError("say why you cancel; the requester and auditors will read it", field="reason")
     had_work = request.status in (RequestStatus.APPROVED, RequestStatus.RUNNING)
     with transaction.atomic():
         request_transition(request, to=RequestStatus.CANCELLED, actor=actor, reason=reason, action="request.cancel")

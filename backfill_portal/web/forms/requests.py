@@ -162,7 +162,10 @@ class RequestRollbackForm(forms.Form):
 
 
 class ReasonForm(forms.Form):
-    reason = forms.CharField(label="Reason", required=False, max_length=4000)
+    # Not required here: the service refuses a blank reason with the same field error
+    # for the page and the API.
+    reason = forms.CharField(label="Reason", required=False, max_length=4000,
+                             help_text="Required: the requester and auditors will read why it was cancelled.")
 
 
 class SubmitForm(forms.Form):
