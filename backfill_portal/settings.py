@@ -166,6 +166,9 @@ MIDDLEWARE = [
     "backfill_portal.core.middleware.MetadataConnectionMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    # Inside CommonMiddleware (which still sees the 404 for APPEND_SLASH): a 404 under
+    # /api/ is JSON even with DEBUG on, where Django would show its HTML debug page.
+    "backfill_portal.core.middleware.ApiNotFoundMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",

@@ -267,3 +267,17 @@ def test_a_refusal_naming_the_longest_dataset_name_and_key_is_audited_whole(api,
     refusal = AuditEvent.objects.filter(action__startswith="denied.").order_by("-id").first()
     if response.status_code == 403:
         assert refusal.object_id == f"{name}/{key}"
+
+
+# -- 6. with DEBUG on, an unmatched /api/ URL answered Django's HTML debug page ---------------
+
+@pytest.mark.parametrize("path", ["/api/nothing/", "/api/requests/abc/", "/api/requests/1/no_such_action/",
+                                  "/api/datasets/dwd_order_items/partitions/" + "k" * 500 + "/"])
+def test_with_debug_on_every_404_under_the_api_is_still_the_json_error_body(api, catalog, settings, path):
+    settings.DEBUG = True  # as `make run` has it; handler404 alone covers DEBUG off
+    for client in (api("alice"), Client()):  # signed in or not: the URL matches nothing either way
+        response = client.get(path)
+        assert response.status_code == 404, (path, response.status_code)
+        assert content_type(response).startswith("application/json"), (path, response.content[:200])
+        assert response.json() == {"detail": "Not found.", "code": "not_found"}
+

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from backfill_portal.core.errors import ApplicationError
-from backfill_portal.core.middleware import database_busy_response, is_api_path, is_pool_timeout
+from backfill_portal.core.middleware import api_not_found, database_busy_response, is_api_path, is_pool_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def exception_handler(exc, context):
 def not_found(request, exception=None):
     """A URL no route matches (e.g. a non-numeric id where the route takes digits only)."""
     if is_api_path(request.path):
-        return JsonResponse({"detail": "Not found.", "code": "not_found"}, status=404)
+        return api_not_found()
     return defaults.page_not_found(request, exception)
 
 

@@ -41,6 +41,30 @@ class RejectNulBytesMiddleware:
         return self.get_response(request)
 
 
+def api_not_found() -> JsonResponse:
+    """The API's 404 body for a URL that matches no route (core.api.not_found)."""
+    return JsonResponse({"detail": "Not found.", "code": "not_found"}, status=404)
+
+
+class ApiNotFoundMiddleware:
+    """Every 404 under /api/ is a JSON error body, with DEBUG on too. handler404
+    (core.api.not_found) gives it only with DEBUG off: with DEBUG on, Django answers a
+    URL that matches no route (`/api/nothing/`, `/api/requests/abc/`) with its HTML
+    debug page. A DRF view's own 404 is left alone: it is already the error body in
+    the format the client negotiated."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if (response.status_code == 404 and is_api_path(request.path)
+                and not hasattr(response, "accepted_renderer")  # a DRF Response
+                and not response.get("Content-Type", "").startswith("application/json")):
+            return api_not_found()
+        return response
+
+
 # Paths that answer without the metadata connection a request would otherwise take
 # first: liveness touches no database; readiness checks it itself and says so.
 WITHOUT_CONNECTION = ("/healthz", "/readyz")
