@@ -36,6 +36,7 @@ def test_pause_resume_and_retry_through_the_api_with_clear_refusals(personas, re
     assert api("alice").post(f"/api/requests/{request.pk}/pause/").json()["paused"] is True
     again = api("alice").post(f"/api/requests/{request.pk}/pause/")
     assert again.status_code == 409 and "status" in again.json()["errors"]
+    assert again.json()["detail"] == f"request #{request.pk} is already paused; resume it to dispatch again"
     forged = api("audrey").post(f"/api/requests/{request.pk}/resume/")
     assert forged.status_code == 403
     assert AuditEvent.objects.filter(request_id=request.pk, action="denied.request.resume").exists()

@@ -174,12 +174,18 @@ def test_oncall_pauses_and_resumes_someone_elses_running_request(web, make_reque
                                      actor_name="oscar").count() == 2
 
 
-def test_pausing_a_paused_request_is_a_409(web, make_request):
+def test_pausing_a_paused_request_is_a_409_saying_it_is_already_paused(web, make_request):
     req = make_request("running")
     client = web("alice")
     client.post(action(req, "pause"))
     response = client.post(action(req, "pause"))
-    assert response.status_code == 409 and "only a running request can be paused" in response.content.decode()
+    html = response.content.decode()
+    assert response.status_code == 409 and f"request #{req.pk} is already paused" in html
+    assert "only a running request can be paused" not in html
+    pending = make_request("pending", start="2022-11-01", end="2022-11-02")
+    response = client.post(action(pending, "pause"))
+    assert response.status_code == 409
+    assert f"request #{pending.pk} is pending_approval; only a running request can be paused" in response.content.decode()
 
 
 def test_retry_is_offered_only_with_failed_intervals_and_requeues_them(web, make_request):

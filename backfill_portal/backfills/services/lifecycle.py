@@ -83,8 +83,13 @@ def request_pause(*, actor, request_id) -> BackfillRequest:
     with transaction.atomic():
         claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=False).update(paused=True)
         if claimed != 1:
-            raise ConflictError(f"request #{request.pk} is {request.status}{' and paused' if request.paused else ''}; "
-                                "only a running request can be paused", field="status")
+            # Read again: the copy above may be older than the pause that beat this one.
+            status, paused = BackfillRequest.objects.values_list("status", "paused").get(pk=request.pk)
+            if status == R.RUNNING and paused:
+                raise ConflictError(f"request #{request.pk} is already paused; resume it to dispatch again",
+                                    field="status")
+            raise ConflictError(f"request #{request.pk} is {status}; only a running request can be paused",
+                                field="status")
         audit_record(actor=actor, action="request.pause", object_type="request", object_id=request.pk,
                      request_id=request.pk, dataset=request.job.dataset.name, from_state="running", to_state="paused")
     request.paused = True
