@@ -38,6 +38,23 @@ def log_context(**fields):
         _log_context.reset(token)
 
 
+@contextlib.contextmanager
+def run_log_context(**fields):
+    """`log_context` for one run's part of a task that works on several runs in turn (a
+    bundle): inside, lines name that run (and what log_contexts inside it add, to the
+    task's scope too); after it, the task's scope is as it was, so the task's later
+    lines do not name a run they are not about."""
+    scope = _task_scope.get()
+    saved = dict(scope) if scope is not None else None
+    try:
+        with log_context(**fields):
+            yield
+    finally:
+        if scope is not None:
+            scope.clear()
+            scope.update(saved)
+
+
 def current_log_context() -> dict:
     return {**(_task_scope.get() or {}), **_log_context.get()}
 

@@ -17,6 +17,7 @@ from backfill_portal.execution.services.dispatch import bundle_size
 from backfill_portal.warehouse.models import Consumption, Publication, Version
 from tests.execution import jobs as test_jobs
 from tests.execution.test_pipeline import approved_request, expected_latest_items, published_rows
+from tests.execution.test_task_logs import json_lines  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -170,3 +171,23 @@ def test_only_cheap_jobs_with_a_history_and_no_side_effects_are_bundled(personas
     assert bundle_size(request, job, queued=8) == 1
     job.has_side_effects, job.depends_on_past = False, True
     assert bundle_size(request, job, queued=8) == 1
+
+
+def test_a_bundles_lines_each_name_the_run_they_are_about_and_its_last_line_none(personas, ready, json_lines):
+    run_alone_first(personas, ready, "page_views_hourly", "2022-10-01T00:00:00Z", "2022-10-01T11:00:00Z")
+    request = approved_request(personas, job="page_views_hourly", start="2022-10-02T00:00:00Z",
+                               end="2022-10-02T03:00:00Z", max_active_intervals=8)
+    ready.drain()
+    runs = {run.run_id: run for run in Run.objects.filter(request=request)}
+    lines = json_lines()
+    for run_id, run in runs.items():
+        started = [line for line in lines if line["msg"].startswith("attempt 1 of page_views_hourly")
+                   and line["msg"].endswith("(bundle)") and line["run_id"] == run_id]
+        assert len(started) == 1 and started[0]["attempt_no"] == 1 and started[0]["request_id"] == request.pk
+        published = [line for line in lines if line["msg"].startswith(f"published page_views_hourly/{run.partition_key}")]
+        assert [line["run_id"] for line in published] == [run_id]
+        assert all(line["attempt_no"] in (None, 1) for line in published)
+    # Celery's line for a bundle names its request and none of its runs.
+    done = [line for line in lines if line["logger"] == "celery.app.trace" and "execute_bundle" in line["msg"]
+            and "succeeded" in line["msg"]]
+    assert done and all(line["run_id"] is None and line["request_id"] == request.pk for line in done)

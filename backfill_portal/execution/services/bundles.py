@@ -34,7 +34,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus as R
-from backfill_portal.core.logging import log_context
+from backfill_portal.core.logging import log_context, run_log_context
 from backfill_portal.core.services.audit import audit_batch
 from backfill_portal.execution.checks import run_checks
 from backfill_portal.execution.choices import AttemptStatus as A
@@ -84,7 +84,8 @@ def runs_execute_bundle(*, run_ids: list[str], worker: str = "") -> dict[str, st
               and run.request is not None and run.request.status == R.RUNNING):
             runs.append(run)
         else:
-            results[run_id] = run_execute_and_verify(run_id=run_id, worker=worker)
+            with run_log_context(run_id=run_id):
+                results[run_id] = run_execute_and_verify(run_id=run_id, worker=worker)
     if not runs:
         return results
     if warehouse_outage_current() is not None:
@@ -114,7 +115,7 @@ def _claim_and_stage(runs: list[Run], worker: str, results: dict[str, str]) -> l
     markers = []
     with _AttemptsHeartbeat([attempt for _, attempt in started], runs[0].job.heartbeat_timeout_seconds / 4) as beat:
         for run, attempt in started:
-            with log_context(run_id=run.run_id, attempt_no=attempt.attempt_no):
+            with run_log_context(run_id=run.run_id, attempt_no=attempt.attempt_no):
                 logger.info("attempt %s of %s %s started (bundle)", attempt.attempt_no, run.job.name,
                             run.partition_key)
                 try:
@@ -126,7 +127,7 @@ def _claim_and_stage(runs: list[Run], worker: str, results: dict[str, str]) -> l
     staged = []
     with transaction.atomic(), audit_batch():
         for run, attempt, marker in markers:
-            with log_context(run_id=run.run_id, attempt_no=attempt.attempt_no):
+            with run_log_context(run_id=run.run_id, attempt_no=attempt.attempt_no):
                 result = attempt_succeed(attempt=attempt, run=run, marker=marker, claim_verification=True)
             if result == "staged":
                 staged.append((run, {"verify_token": run.verify_token}))
@@ -143,7 +144,7 @@ def _verify(staged: list[tuple[Run, dict]], results: dict[str, str]) -> list[tup
     checked = []
     with _VerificationsHeartbeat(staged, staged[0][0].job.heartbeat_timeout_seconds / 4):
         for run, fence in staged:
-            with log_context(run_id=run.run_id):
+            with run_log_context(run_id=run.run_id):
                 try:
                     checked.append((run, fence, run_checks(run, warehouse)))
                 except Exception as exc:
@@ -151,7 +152,7 @@ def _verify(staged: list[tuple[Run, dict]], results: dict[str, str]) -> list[tup
     verified = []
     with transaction.atomic(), audit_batch():
         for run, fence, checks in checked:
-            with log_context(run_id=run.run_id):
+            with run_log_context(run_id=run.run_id):
                 result, current = verification_verdict(run, fence, checks, warehouse)
             if result == S.VERIFIED:
                 verified.append((run, current))
@@ -166,7 +167,7 @@ def _publish(verified: list[tuple[Run, str | None]], results: dict[str, str]) ->
     which finds the pointer switched and records it (as for a run alone)."""
     switched = []
     for run, current in verified:
-        with log_context(run_id=run.run_id):
+        with run_log_context(run_id=run.run_id):
             try:
                 refused = publish_switch(run, actor=None, current=current)
             except Exception:  # the warehouse failed it: the run stays verified, and is sent again
@@ -180,7 +181,7 @@ def _publish(verified: list[tuple[Run, str | None]], results: dict[str, str]) ->
         return
     with transaction.atomic(), audit_batch():
         for run in switched:
-            with log_context(run_id=run.run_id):
+            with run_log_context(run_id=run.run_id):
                 try:
                     results[run.run_id] = publish_record(run, actor=None, dispatch=False)
                 except Exception:
