@@ -281,7 +281,9 @@ def bundle_size(request: BackfillRequest, job: Job, *, queued: int) -> int:
     no side effects and does not depend on its past, the request does not verify
     twice, and the job's last CHEAP_SAMPLE finished runs each took at most
     EXECUTION_BUNDLE_MAX_SECONDS (their median): only cheap work is worth it, and a job
-    never run yet is not known to be cheap. At most half of what the gates let run at
+    never run yet is not known to be cheap (a bundled run's time is its bundle's, from
+    the claim of all its runs to their publication: bundles go on while a whole bundle
+    takes at most that long). At most half of what the gates let run at
     once (the request's max active intervals; the job's, its team's and its pool's
     limits), so the work keeps at least two lanes for two workers."""
     pool = job.pool
