@@ -530,14 +530,18 @@ RETRY_BACKOFF_MAX_SECONDS = env_float("RETRY_BACKOFF_MAX_SECONDS", 300.0)
 # --- Bundles of cheap intervals
 # A dispatch that queues several backfill runs of one job whose recent runs each took
 # at most EXECUTION_BUNDLE_MAX_SECONDS sends them as bundles of up to
-# EXECUTION_BUNDLE_SIZE runs (never more than half the request's max active intervals,
-# so a request keeps at least two lanes): one task runs a bundle, each run keeping its
-# own attempt, version, checks, publication and audit rows, with one transaction per
-# step for the whole bundle instead of one per run (docs/performance.md). 1 turns it off.
+# EXECUTION_BUNDLE_SIZE runs: one task runs a bundle, each run keeping its own attempt,
+# version, checks, publication and audit rows, with one transaction per step for the
+# whole bundle instead of one per run (docs/performance.md). A bundle holds at most
+# what the job's gates let run at once divided by EXECUTION_BUNDLE_LANES, the worker
+# processes that serve the backfill queue (2, as `make run` starts), so bundles never
+# leave a worker idle that runs alone would have kept busy. 1 turns bundles off.
 EXECUTION_BUNDLE_SIZE = env_int("EXECUTION_BUNDLE_SIZE", 4)
 EXECUTION_BUNDLE_MAX_SECONDS = env_float("EXECUTION_BUNDLE_MAX_SECONDS", 2.0)
-if EXECUTION_BUNDLE_SIZE < 1:
-    raise ImproperlyConfigured(f"EXECUTION_BUNDLE_SIZE={EXECUTION_BUNDLE_SIZE} must be at least 1")
+EXECUTION_BUNDLE_LANES = env_int("EXECUTION_BUNDLE_LANES", 2)
+if EXECUTION_BUNDLE_SIZE < 1 or EXECUTION_BUNDLE_LANES < 1:
+    raise ImproperlyConfigured(f"EXECUTION_BUNDLE_SIZE={EXECUTION_BUNDLE_SIZE} and EXECUTION_BUNDLE_LANES="
+                               f"{EXECUTION_BUNDLE_LANES} must be at least 1")
 # While the warehouse refuses connections no attempt starts and no run is dispatched;
 # the probe-warehouse task above tries a fresh connection every WAREHOUSE_PROBE_SECONDS
 # and resumes the work once one succeeds. A connection attempt gives up after this long.

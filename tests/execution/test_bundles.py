@@ -156,8 +156,13 @@ def test_only_cheap_jobs_with_a_history_and_no_side_effects_are_bundled(personas
     job.max_concurrent_runs = 4  # its default: two lanes of 2
     assert bundle_size(request, job, queued=8) == 2
     request.max_active_intervals = 3
-    assert bundle_size(request, job, queued=8) == 1  # one lane would be too few
+    assert bundle_size(request, job, queued=8) == 1  # one lane for two workers would idle one
     request.max_active_intervals = 8
+    settings.EXECUTION_BUNDLE_LANES = 4  # four workers: runs alone keep all four busy
+    assert bundle_size(request, job, queued=8) == 1
+    settings.EXECUTION_BUNDLE_LANES = 1  # one worker: one lane of all 4
+    assert bundle_size(request, job, queued=8) == 4
+    settings.EXECUTION_BUNDLE_LANES = 2
     settings.EXECUTION_BUNDLE_SIZE = 1
     assert bundle_size(request, job, queued=8) == 1
     settings.EXECUTION_BUNDLE_SIZE = 4

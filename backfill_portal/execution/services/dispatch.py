@@ -283,13 +283,14 @@ def bundle_size(request: BackfillRequest, job: Job, *, queued: int) -> int:
     EXECUTION_BUNDLE_MAX_SECONDS (their median): only cheap work is worth it, and a job
     never run yet is not known to be cheap (a bundled run's time is its bundle's, from
     the claim of all its runs to their publication: bundles go on while a whole bundle
-    takes at most that long). At most half of what the gates let run at
-    once (the request's max active intervals; the job's, its team's and its pool's
-    limits), so the work keeps at least two lanes for two workers."""
+    takes at most that long). At most what the gates let run at once (the request's
+    max active intervals; the job's, its team's and its pool's limits) divided by
+    EXECUTION_BUNDLE_LANES, the worker processes serving backfills: the work keeps a
+    lane for each, so bundles never idle a worker that runs alone would keep busy."""
     pool = job.pool
     at_once = min(request.max_active_intervals, job.max_concurrent_runs, job.dataset.team.max_concurrent_runs,
                   pool.slots - pool.reserved_for_production)
-    size = min(settings.EXECUTION_BUNDLE_SIZE, queued, at_once // 2)
+    size = min(settings.EXECUTION_BUNDLE_SIZE, queued, at_once // settings.EXECUTION_BUNDLE_LANES)
     if size < 2 or job.has_side_effects or job.depends_on_past or request.verify_twice:
         return 1
     took = [(end - start).total_seconds() for start, end in
