@@ -171,6 +171,9 @@ MIDDLEWARE = [
     "backfill_portal.core.middleware.ApiNotFoundMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Who is asking, for the audit rows of changes that pass no service (a user's roles
+    # changed in the admin: core/role_audit.py).
+    "backfill_portal.core.middleware.RequestActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",

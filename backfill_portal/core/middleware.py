@@ -1,6 +1,7 @@
 """Request guards that run before any view touches the database."""
 from __future__ import annotations
 
+import contextvars
 import logging
 from urllib.parse import unquote_to_bytes
 
@@ -39,6 +40,34 @@ class RejectNulBytesMiddleware:
                 return JsonResponse({"detail": NUL_MESSAGE, "code": "invalid"}, status=400)
             return HttpResponseBadRequest(f"Bad request: {NUL_MESSAGE}.\n", content_type="text/plain; charset=utf-8")
         return self.get_response(request)
+
+
+_current_request: contextvars.ContextVar[HttpRequest | None] = contextvars.ContextVar("current_request", default=None)
+
+
+class RequestActorMiddleware:
+    """Remembers the request being answered, so that an audit row written where no
+    request is passed (the receivers that audit a role change made in Django's admin,
+    core/role_audit.py) can still name who made it (`request_actor`)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        token = _current_request.set(request)
+        try:
+            return self.get_response(request)
+        finally:
+            _current_request.reset(token)
+
+
+def request_actor():
+    """The signed-in user of the request being answered (an API call's too: DRF sets
+    the user it authenticated on the request), else None: no request, or nobody
+    signed in (a management command, a Celery task)."""
+    request = _current_request.get()
+    user = getattr(request, "user", None) if request is not None else None
+    return user if getattr(user, "is_authenticated", False) else None
 
 
 def api_not_found() -> JsonResponse:

@@ -60,3 +60,52 @@ def require_role(actor, *roles: str, action: str, request_id: int | None = None,
         needed = " or ".join(roles)
         raise deny(actor=actor, action=action, reason=f"{action} needs the {needed} role",
                    request_id=request_id, object_type=object_type, object_id=object_id)
+
+
+# --- Audit rows of a change of roles (written by the receivers of core/role_audit.py: the
+# admin and the ORM change roles without passing a service), in the change's transaction.
+
+FLAGS = ("is_superuser", "is_staff", "is_active")
+
+
+def roles_of(group_names, *, is_superuser: bool) -> list[str]:
+    """The roles a user with these groups and this flag has (as `user_roles`)."""
+    roles = set(group_names) & set(Role.values)
+    if is_superuser:
+        roles.add(Role.ADMIN)
+    return sorted(roles)
+
+
+def user_groups_change_record(*, actor, before: dict, after: dict) -> None:
+    """One `user.roles` row: the user's groups before and after one change of them
+    (`{"pk", "username", "is_superuser", "groups"}`), with the roles they amount to.
+    Nothing when the groups did not change."""
+    added, removed = sorted(after["groups"] - before["groups"]), sorted(before["groups"] - after["groups"])
+    if not added and not removed:
+        return
+    said = "; ".join(part for part in (added and "added to " + ", ".join(added),
+                                       removed and "removed from " + ", ".join(removed)) if part)
+    audit_record(actor=actor, action="user.roles", object_type="user", object_id=after["pk"],
+                 reason=f"{after['username']}: {said}",
+                 data={"username": after["username"],
+                       "roles_before": roles_of(before["groups"], is_superuser=before["is_superuser"]),
+                       "roles_after": roles_of(after["groups"], is_superuser=after["is_superuser"]),
+                       "groups_added": added, "groups_removed": removed})
+
+
+def user_flags_change_record(*, actor, before: dict | None, after: dict, groups) -> None:
+    """One `user.flags` row: the power flags that changed (`before` None: a new user,
+    recorded when it starts out with power), with the roles before and after."""
+    if before is None:
+        if not (after["is_superuser"] or after["is_staff"]):
+            return
+        before = dict.fromkeys(FLAGS, False)
+    changed = {flag: {"before": before[flag], "after": after[flag]} for flag in FLAGS if before[flag] != after[flag]}
+    if not changed:
+        return
+    said = ", ".join(f"{flag} {'on' if values['after'] else 'off'}" for flag, values in changed.items())
+    audit_record(actor=actor, action="user.flags", object_type="user", object_id=after["pk"],
+                 reason=f"{after['username']}: {said}",
+                 data={"username": after["username"], "flags": changed,
+                       "roles_before": roles_of(groups, is_superuser=before["is_superuser"]),
+                       "roles_after": roles_of(groups, is_superuser=after["is_superuser"])})
