@@ -6,11 +6,12 @@ from datetime import datetime, timedelta
 from functools import cache
 
 from django.conf import settings
-from django.db.models import DateTimeField, F, Max, OuterRef, QuerySet, Subquery
+from django.db.models import DateTimeField, Exists, F, Max, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from backfill_portal.backends import get_warehouse
+from backfill_portal.backfills.choices import IntervalStatus
 from backfill_portal.backfills.models import Interval
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
@@ -29,6 +30,21 @@ def run_get(run_id: str) -> Run | None:
     # and every task of every interval makes this call.
     return next(iter(Run.objects.select_related("job__dataset", "code_version", "request", "interval")
                      .filter(run_id=run_id).order_by()), None)
+
+
+def progress_with_rollbacks(request, counts: dict[str, int]) -> dict[str, int]:
+    """The request's interval counts by status (`backfills.selectors.request_progress`
+    or the calendar's) with its published intervals whose version was since rolled back
+    counted apart, as `rolled_back`, and no longer as `published`: an interval's
+    lifecycle ends at published, and the rollback marks the run that published it
+    (run -> rolled_back), not the interval. No query when nothing was published."""
+    published = counts.get(IntervalStatus.PUBLISHED) or 0
+    rolled_back = 0
+    if published:
+        rolled_back = (Interval.objects.filter(request=request, status=IntervalStatus.PUBLISHED)
+                       .filter(Exists(Run.objects.filter(interval=OuterRef("pk"), status=RunStatus.ROLLED_BACK)))
+                       .count())
+    return {**counts, IntervalStatus.PUBLISHED.value: published - rolled_back, "rolled_back": rolled_back}
 
 
 def verification_original(verification: Run) -> Run | None:

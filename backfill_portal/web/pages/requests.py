@@ -54,6 +54,7 @@ from backfill_portal.core.web import (
     render_page,
 )
 from backfill_portal.execution.models import Attempt, Run
+from backfill_portal.execution.selectors import progress_with_rollbacks
 from backfill_portal.backfills.services.lifecycle import request_pause, request_resume
 from backfill_portal.execution.services.dispatch import request_retry_failed
 from backfill_portal.warehouse.services.outage import warehouse_outage_current
@@ -69,7 +70,9 @@ from backfill_portal.recovery.rollback import (
 LIVE_FINAL = REQUEST_TERMINAL | {RequestStatus.FAILED}
 RUNS_SHOWN = 25
 RECON_SHOWN_STATES = (RequestStatus.RECONCILING, RequestStatus.COMPLETED, RequestStatus.ROLLED_BACK)
-PROGRESS_SEGMENTS = ("published", "running", "queued", "failed", "skipped", "cancelled")
+# "rolled_back": published intervals whose version was rolled back since (counted
+# apart from "published" by execution.selectors.progress_with_rollbacks).
+PROGRESS_SEGMENTS = ("published", "rolled_back", "running", "queued", "failed", "skipped", "cancelled")
 # Django's Choices.values builds a new list on every access: read it once.
 INTERVAL_STATES = tuple(IntervalStatus.values)
 
@@ -78,23 +81,25 @@ INTERVAL_STATES = tuple(IntervalStatus.values)
 
 
 def _progress(req: BackfillRequest, counts: dict[str, int] | None = None) -> dict:
-    """Progress bar segments from the counts by status (one aggregate query unless given)."""
-    counts = request_progress(req) if counts is None else counts
+    """Progress bar segments from the counts by status (one aggregate query unless
+    given; one more for the rolled-back ones if anything was published)."""
+    counts = progress_with_rollbacks(req, request_progress(req) if counts is None else counts)
     total = counts.get("total") or 0
     segments, offset = [], 0.0
     for name in PROGRESS_SEGMENTS:
         n = counts.get(name) or 0
         pct = round(100 * n / total, 3) if total else 0
-        segments.append({"name": name, "count": n, "pct": pct, "offset": offset})  # offset: where it starts
+        segments.append({"name": name, "label": name.replace("_", " "), "count": n, "pct": pct,
+                         "offset": offset})  # offset: where it starts
         offset += pct
     return {"total": total, "planned": counts.get("planned") or 0, "segments": segments, "counts": counts,
-            "done": (counts.get("published") or 0) + (counts.get("skipped") or 0)}
+            "done": sum(counts.get(name) or 0 for name in ("published", "rolled_back", "skipped"))}
 
 
 def _fingerprint(req: BackfillRequest, progress: dict, outage) -> str:
     counts = progress["counts"]
     return ".".join([req.status, "p" if req.paused else "a", f"o{outage.pk}" if outage else "",
-                     *(str(counts.get(s) or 0) for s in INTERVAL_STATES)])
+                     *(str(counts.get(s) or 0) for s in (*INTERVAL_STATES, "rolled_back"))])
 
 
 def _live_context(req: BackfillRequest, *, with_grid: bool = True) -> dict:

@@ -152,6 +152,9 @@ class RequestDetailSerializer(RequestSerializer):
         return limit is not None and obj.interval_count > limit
 
     def get_progress(self, obj) -> dict:
+        """Interval counts by status; `rolled_back`: published intervals whose version
+        was rolled back since (no longer counted as `published`)."""
         from backfill_portal.backfills.selectors import request_progress
+        from backfill_portal.execution.selectors import progress_with_rollbacks
 
-        return request_progress(obj)
+        return progress_with_rollbacks(obj, request_progress(obj))
