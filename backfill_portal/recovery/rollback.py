@@ -465,6 +465,21 @@ def rollback_state(*, request_id=None, dataset: str | None = None, partition_key
             "impact": closure_entries(_closure_of(dataset=dataset_obj, partition_key=partition_key))}
 
 
+def request_rollback_blocked(request: BackfillRequest, *, shown: int = 5) -> tuple[int, list[str]]:
+    """The partitions a rollback of `request` would certainly refuse (409, nothing
+    changed), from the metadata alone, so the request page can say so instead of
+    offering it: those still showing this request's version that was their first
+    publication, with no earlier version at all to go back to. (How many, up to `shown`
+    of their names.) Two indexed reads at most; the other refusals (an earlier version
+    since purged or rolled back, a publication since) need the warehouse's pointer and
+    each partition's history, which `_plan_request` reads only when asked."""
+    first = (Publication.objects.filter(request=request, action=Publication.Action.PUBLISH,
+                                        previous_version__isnull=True, version__run__status=RunStatus.PUBLISHED)
+             .order_by("dataset__name", "partition_key"))
+    names = [f"{name}/{key}" for name, key in first.values_list("dataset__name", "partition_key")[:shown]]
+    return (first.count() if len(names) == shown else len(names)), names
+
+
 class _LostRace(Exception):
     """Another click claimed the closure first: undo this one's request."""
 

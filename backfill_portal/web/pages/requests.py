@@ -61,6 +61,7 @@ from backfill_portal.warehouse.services.outage import warehouse_outage_current
 from backfill_portal.web.calendar_grid import request_calendar
 from backfill_portal.recovery.rollback import (
     request_rollback,
+    request_rollback_blocked,
     rollback_rebuild,
     rollback_state,
 )
@@ -149,7 +150,7 @@ def _section_keys(ctx: dict) -> dict[str, str]:
     raw = {
         "head": state,
         "about": f"{req.status}.{req.code_version_id}",
-        "actions": f"{state}.{','.join(sorted(ctx['actions']))}.{ctx['retry_note']}",
+        "actions": f"{state}.{','.join(sorted(ctx['actions']))}.{ctx['retry_note']}.{ctx['rollback_blocked']}",
         "live": ctx["fingerprint"],
         "impact": req.status,
         "related": req.status,
@@ -205,9 +206,22 @@ def _page_context(request, req: BackfillRequest, *, with_grid: bool = True) -> d
         "rollback_impact": rollback_state(request_id=req.pk)["impact"] if req.status == RequestStatus.ROLLED_BACK
         else [],
     }
+    ctx["rollback_blocked"] = _rollback_blocked(req) if "rollback" in ctx["actions"] else ""
     ctx["section_keys"] = _section_keys(ctx)
     ctx["keys"] = _keys_param(ctx["section_keys"])
     return ctx
+
+
+def _rollback_blocked(req: BackfillRequest) -> str:
+    """Why a rollback of the request cannot succeed, when the metadata already says so
+    (recovery.rollback.request_rollback_blocked), else "": the page then shows the
+    reason instead of a form the service would answer with a 409."""
+    count, names = request_rollback_blocked(req)
+    if not count:
+        return ""
+    more = f" and {count - len(names)} more" if count > len(names) else ""
+    return (f"Nothing to roll back to: this request published the first version of {', '.join(names)}{more}, "
+            "so there is no previous verified version to restore. To correct the data, file a new request.")
 
 
 # --- Pages ------------------------------------------------------------------------------
