@@ -248,6 +248,16 @@ def previous_partition(*, grain: str, timezone: str, partition_key: str) -> str:
     return partition_for(grain=grain, timezone=timezone, at=iv.start - timedelta(microseconds=1)).partition_key
 
 
+def offset_matters(*, timezone: str, partition_key: str) -> bool:
+    """Whether an hourly partition's local hour alone fails to name it: the clocks
+    change at its start or end, so its wall time repeats (autumn) or the hour before or
+    after it is skipped (spring). A label for such an hour must show its UTC offset."""
+    start = datetime.fromisoformat(partition_key)
+    zone = _zone(timezone)
+    offset = start.astimezone(zone).utcoffset()
+    return any((start + step).astimezone(zone).utcoffset() != offset for step in (-_HOUR, _HOUR))
+
+
 def first_unended(intervals: Sequence[PlannedInterval], *, now: datetime) -> PlannedInterval | None:
     """The first of these intervals (in order, as planned) that has not ended at `now`,
     or None when every one has. An interval [start, end) has ended once `now` >= end."""

@@ -18,6 +18,7 @@ which is Django's without its lazy-string wrapper (the values are plain strings)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from html import escape
 from urllib.parse import urlencode
 
@@ -26,6 +27,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from backfill_portal.backfills.choices import IntervalStatus
 from backfill_portal.backfills.selectors import interval_counts
+from backfill_portal.catalog.calendar import offset_matters
 from backfill_portal.catalog.lineage import LineageGraph
 from backfill_portal.catalog.models import Job
 from backfill_portal.execution.selectors import interval_cells
@@ -94,34 +96,35 @@ def request_calendar(req, *, total: int | None = None, job: Job | None = None, w
     job_id = job.pk if job is not None else None
     if total is None and req.interval_count > CALENDAR_MAX_CELLS and job is None and not within:
         total = req.interval_count  # the target's own intervals already exceed it
-    names, grains, order = _jobs(req)
+    names, grains, zones, order = _jobs(req)
     if total is None or total <= CALENDAR_MAX_CELLS:
         # One more row than a cell each can show says "aggregate" without a count first.
         rows = interval_cells(req, job_id=job_id, within=within, limit=CALENDAR_MAX_CELLS + 1)
         if len(rows) <= CALENDAR_MAX_CELLS:
-            return _per_partition(req, rows, names, grains, order, job=job, within=within)
+            return _per_partition(req, rows, names, grains, zones, order, job=job, within=within)
     counts = interval_counts(req, key_prefix=10, job_id=job_id, within=within)
     return _buckets(req, counts, names, grains, order, job=job, within=within)
 
 
-def _jobs(req) -> tuple[dict[int, str], dict[int, str], dict[int, tuple[int, int, str]]]:
-    """Names, grains, and the row order (layer, topological index, action) of every job
-    the request may touch: its target and its cascade (node_actions), one query."""
+def _jobs(req) -> tuple[dict[int, str], dict[int, str], dict[int, str], dict[int, tuple[int, int, str]]]:
+    """Names, grains, timezones, and the row order (layer, topological index, action) of
+    every job the request may touch: its target and its cascade (node_actions), one query."""
     actions = dict(req.node_actions or {})
     if not actions:
         return ({req.job_id: req.job.name}, {req.job_id: req.job.dataset.grain},
-                {req.job_id: (-1, 0, "target")})
-    rows = list(Job.objects.filter(name__in=[req.job.name, *actions]).values_list("pk", "name", "dataset__grain"))
+                {req.job_id: req.job.dataset.timezone}, {req.job_id: (-1, 0, "target")})
+    rows = list(Job.objects.filter(name__in=[req.job.name, *actions])
+                .values_list("pk", "name", "dataset__grain", "dataset__timezone"))
     graph = LineageGraph.cached()
     layer = {}
     if req.job.name in graph.jobs:
         layer = dict(graph.walk(req.job.name).layer)
-    names, grains, order = {}, {}, {}
-    for pk, name, grain in rows:
-        names[pk], grains[pk] = name, grain
+    names, grains, zones, order = {}, {}, {}, {}
+    for pk, name, grain, zone in rows:
+        names[pk], grains[pk], zones[pk] = name, grain, zone
         action = "target" if name == req.job.name else actions.get(name, "rebuild")
         order[pk] = (layer.get(name, 0) if name != req.job.name else -1, graph.topo_index.get(name, 0), action)
-    return names, grains, order
+    return names, grains, zones, order
 
 
 def _row_list(job_ids, names, order) -> list[tuple[int, CalendarRow]]:
@@ -149,7 +152,7 @@ def _count(rows_by_state: dict[str, int]) -> dict[str, int]:
     return counts
 
 
-def _per_partition(req, rows, names, grains, order, *, job, within) -> Calendar:
+def _per_partition(req, rows, names, grains, zones, order, *, job, within) -> Calendar:
     by_state: dict[str, int] = {}
     for _, _, state, _ in rows:
         by_state[state] = by_state.get(state, 0) + 1
@@ -163,7 +166,7 @@ def _per_partition(req, rows, names, grains, order, *, job, within) -> Calendar:
     href = _run_href()
     widest = max(len(v) for v in per_job.values())
     if widest <= STRIP_MAX_COLUMNS:
-        html = _strip_html(ordered, per_job, href)
+        html = _strip_html(ordered, per_job, href, _offset_shown(per_job, grains, zones))
         return Calendar(mode="strip", html=html, rows=[r for _, r in ordered], cells=len(rows), row_axis="job",
                         column_axis="partition", within=within, job=job.name if job else "", counts=_count(by_state))
     parts = []
@@ -171,38 +174,68 @@ def _per_partition(req, rows, names, grains, order, *, job, within) -> Calendar:
     for pk, row in ordered:
         row_axis, row_slice, column_axis, col_slice, columns = _MATRIX.get(grains.get(pk), _MATRIX["day"])
         grouped: dict[str, dict[str, list[str]]] = {}
+        offsets: dict[str, list[str]] = {}
         for key, state, run_id in per_job[pk]:
             cell = _cell(state, f"{row.job} {key}: {state}" + (f" ({run_id})" if run_id else ""),
                          href.format(run_id) if run_id else None)
             grouped.setdefault(key[row_slice], {}).setdefault(key[col_slice], []).append(cell)
-        parts.append(_matrix_block(row, row_axis, column_axis, columns, grouped))
+            if len(key) > 16:
+                seen = offsets.setdefault(key[row_slice], [])
+                if key[16:] not in seen:
+                    seen.append(key[16:])
+        # A local day whose hours carry two offsets is a DST day: its row says so, as the
+        # hour columns alone would show the repeated hour as two cells under one "01".
+        notes = {day: " → ".join(found) for day, found in offsets.items() if len(found) > 1}
+        parts.append(_matrix_block(row, row_axis, column_axis, columns, grouped, notes))
     return Calendar(mode="matrix", html=mark_safe("".join(parts)), rows=[r for _, r in ordered], cells=len(rows),
                     row_axis=row_axis, column_axis=column_axis, within=within, job=job.name if job else "",
                     counts=_count(by_state))
 
 
-def _group_label(key: str) -> tuple[str, str]:
+def _offset_shown(per_job, grains, zones) -> set[str]:
+    """The hourly keys whose column label needs its UTC offset: those where the clocks
+    change (the repeated autumn hour, either side of the skipped spring one)."""
+    shown = set()
+    for pk, cells in per_job.items():
+        if grains.get(pk) == "hour" and zones.get(pk):
+            shown.update(key for key, _, _ in cells
+                         if key not in shown and offset_matters(timezone=zones[pk], partition_key=key))
+    return shown
+
+
+def _chronological(key: str) -> tuple[str, bool, str]:
+    """Sort keys by local day, then in time order: hourly keys by their UTC instant, as
+    a string sort puts Europe's repeated hour (02:00+02:00, then 02:00+01:00) backwards."""
+    if len(key) <= 10:
+        return key[:10], False, key
+    return key[:10], True, datetime.fromisoformat(key).astimezone(UTC).isoformat()
+
+
+def _group_label(key: str, with_offset: bool = False) -> tuple[str, str]:
     """(the column group, the column's own label) of a partition key: month and day of
-    a date, local day and hour:minute of an hour, year and month of a month."""
+    a date, local day and hour:minute of an hour (and its offset when asked), year and
+    month of a month."""
     if len(key) > 10:
-        return key[:10], key[11:16]
+        if with_offset:
+            return key[:10], f'{escape(key[11:16])} <span class="cal-off">{escape(key[16:])}</span>'
+        return key[:10], escape(key[11:16])
     if len(key) == 10:
-        return key[:7], key[8:10]
-    return key[:4], key[5:7]
+        return key[:7], escape(key[8:10])
+    return key[:4], escape(key[5:7])
 
 
-def _strip_html(ordered, per_job, href) -> SafeString:
-    keys = sorted({key for cells in per_job.values() for key, _, _ in cells})
+def _strip_html(ordered, per_job, href, offset_shown=frozenset()) -> SafeString:
+    keys = sorted({key for cells in per_job.values() for key, _, _ in cells}, key=_chronological)
     index = {key: i for i, key in enumerate(keys)}
     groups: list[list] = []
     labels = []
     for key in keys:
-        group, label = _group_label(key)
+        group, label = _group_label(key, key in offset_shown)
         if groups and groups[-1][0] == group:
             groups[-1][1] += 1
         else:
             groups.append([group, 1])
-        labels.append(f'<th scope="col" class="cal-col" title="{escape(key)}">{escape(label)}</th>')
+        labels.append(f'<th scope="col" class="cal-col" title="{escape(key)}">{label}</th>')
     head = ('<thead><tr><th scope="col" class="cal-corner" rowspan="2">Job <span aria-hidden="true">↓</span> '
             'partition <span aria-hidden="true">→</span></th>'
             + "".join(f'<th scope="colgroup" colspan="{n}" class="cal-group">{escape(g)}</th>' for g, n in groups)
@@ -223,7 +256,7 @@ def _job_label(row: CalendarRow) -> str:
 
 
 def _matrix_block(row: CalendarRow, row_axis: str, column_axis: str, columns: list[str],
-                  grouped: dict[str, dict[str, list[str]]]) -> str:
+                  grouped: dict[str, dict[str, list[str]]], notes: dict[str, str] | None = None) -> str:
     head = (f'<tr class="cal-block"><th scope="colgroup" colspan="{len(columns) + 1}" class="cal-job">'
             f'{_job_label(row)}</th></tr>'
             f'<tr><th scope="col" class="cal-corner">{escape(row_axis)} <span aria-hidden="true">↓</span> '
@@ -242,7 +275,9 @@ def _matrix_block(row: CalendarRow, row_axis: str, column_axis: str, columns: li
             else:  # the repeated autumn hour: two partitions in one slot, side by side
                 cells.append('<td class="c multi"><table class="cal-inner"><tr>'
                              + "".join(found) + "</tr></table></td>")
-        body.append(f'<tr><th scope="row" class="cal-row">{escape(period)}</th>{"".join(cells)}</tr>')
+        note = (notes or {}).get(period)
+        label = escape(period) + (f' <span class="cal-off">UTC{escape(note)}</span>' if note else "")
+        body.append(f'<tr><th scope="row" class="cal-row">{label}</th>{"".join(cells)}</tr>')
     return "<tbody>" + head + "".join(body) + "</tbody>"
 
 

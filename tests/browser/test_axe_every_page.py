@@ -61,6 +61,8 @@ def pages(ids: dict) -> list[tuple[str, str, str]]:
         ("request-detail", "olivia", f"/requests/{pending}/"),
         ("request-calendar", "alice", f"/requests/{hourly}/calendar/"),
         ("request-calendar", "alice", f"/requests/{hourly}/calendar/?job=page_views_hourly&within=2022-11"),
+        # the fall-back day: its repeated hour's two columns carry their offsets
+        ("request-calendar", "alice", f"/requests/{hourly}/calendar/?job=page_views_hourly&within=2022-11-06"),
         ("request-calendar", "alice", f"/requests/{hourly}/calendar/?within=nope"),  # the 400 page
         ("reconciliation", "olivia", f"/requests/{bad}/reconciliation/"),
         ("approvals", "olivia", "/approvals/"),

@@ -11,6 +11,7 @@ from backfill_portal.catalog.calendar import (
     dst_notes,
     first_unended,
     interval_for_key,
+    offset_matters,
     parse_partition,
     partition_for,
     plan_intervals,
@@ -423,3 +424,15 @@ def test_three_years_hourly_plans_26304_contiguous_intervals(tz):
     assert len(ivs) == expected
     assert_contiguous(ivs)
     assert (ivs[0].start, ivs[-1].end) == (utc(2020, 1, 1), utc(2023, 1, 1))
+
+
+def test_only_hours_where_the_clocks_change_need_their_offset_to_be_told_apart():
+    fall = [iv.partition_key for iv in plan_intervals(grain="hour", timezone=NY, first="2022-11-06T00:00-04:00",
+                                                        last="2022-11-06T03:00-05:00")]
+    assert [k for k in fall if offset_matters(timezone=NY, partition_key=k)] == [
+        "2022-11-06T01:00-04:00", "2022-11-06T01:00-05:00"]
+    spring = [iv.partition_key for iv in plan_intervals(grain="hour", timezone=NY, first="2023-03-12T00:00-05:00",
+                                                          last="2023-03-12T04:00-04:00")]
+    assert [k for k in spring if offset_matters(timezone=NY, partition_key=k)] == [
+        "2023-03-12T01:00-05:00", "2023-03-12T03:00-04:00"]
+    assert not offset_matters(timezone=SHANGHAI, partition_key="2022-11-06T01:00+08:00")

@@ -59,7 +59,8 @@ def test_a_long_hourly_request_aggregates_to_days_and_a_day_opens_its_hours(web,
     day = calendar(client, req, job="page_views_hourly", within="2022-11-06").content.decode()
     assert "Calendar of page_views_hourly in 2022-11-06" in day
     assert day.count('<td class="c s-planned"') == 25  # the repeated autumn hour is its own column
-    assert '<th scope="col" class="cal-col" title="2022-11-06T01:00-05:00">01:00</th>' in day
+    assert ('<th scope="col" class="cal-col" title="2022-11-06T01:00-05:00">01:00 <span class="cal-off">-05:00</span>'
+            '</th>') in day
 
     month = calendar(client, req, job="page_views_hourly", within="2022-11").content.decode()
     assert "rows are local days, columns hours" in month
@@ -79,3 +80,47 @@ def test_the_calendar_refuses_a_bad_prefix_or_a_job_outside_the_request(web, mak
     assert client.get(reverse("request-calendar", args=[99999])).status_code == 404
     empty = calendar(client, req, within="2021").content.decode()
     assert "No interval in 2021." in empty
+
+
+def hour_labels(html: str) -> list[str]:
+    """The visible text of each hour column's header, in column order."""
+    cols = re.findall(r'<th scope="col" class="cal-col" title="[^"]+">(.*?)</th>', html)
+    return [re.sub(r"<[^>]+>", "", c) for c in cols]
+
+
+def test_the_repeated_fall_back_hour_shows_its_offset_in_the_visible_column_label(web, make_request):
+    req = make_request("pending", job="page_views_hourly", start="2022-11-05T22:00-04:00",
+                       end="2022-11-06T03:00-05:00")
+    html = calendar(web("alice"), req).content.decode()
+    labels = hour_labels(html)
+    assert labels == ["22:00", "23:00", "00:00", "01:00 -04:00", "01:00 -05:00", "02:00", "03:00"]
+    assert len(set(labels)) == len(labels)  # no two columns read alike
+
+
+def test_the_spring_forward_gap_shows_the_offsets_either_side_of_the_skipped_hour(web, make_request):
+    req = make_request("pending", job="page_views_hourly", start="2023-03-12T00:00-05:00",
+                       end="2023-03-12T04:00-04:00")
+    labels = hour_labels(calendar(web("alice"), req).content.decode())
+    assert labels == ["00:00", "01:00 -05:00", "03:00 -04:00", "04:00"]
+
+
+def test_a_matrix_row_of_a_dst_day_names_the_offset_change_beside_the_day(web, make_request):
+    req = make_request("pending", job="page_views_hourly", start="2022-10-20T00:00-04:00",
+                       end="2022-11-10T23:00-05:00")
+    html = calendar(web("alice"), req).content.decode()
+    assert "rows are local days, columns hours" in html
+    assert ('<th scope="row" class="cal-row">2022-11-06 <span class="cal-off">UTC-04:00 → -05:00</span></th>'
+            in html)
+    assert '<th scope="row" class="cal-row">2022-11-05</th>' in html
+
+
+def test_the_repeated_hour_east_of_utc_is_still_shown_first_occurrence_first(web, make_request):
+    # London's repeated hour is 01:00+01:00 then 01:00+00:00: a string sort of the keys
+    # would put the second occurrence first.
+    from backfill_portal.catalog.models import Dataset
+
+    Dataset.objects.filter(name="page_views_hourly").update(timezone="Europe/London")
+    req = make_request("pending", job="page_views_hourly", start="2022-10-30T00:00+01:00",
+                       end="2022-10-30T02:00+00:00")
+    labels = hour_labels(calendar(web("alice"), req).content.decode())
+    assert labels == ["00:00", "01:00 +01:00", "01:00 +00:00", "02:00"]
