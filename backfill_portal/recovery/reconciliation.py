@@ -527,6 +527,8 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
     elif rows.count() > 1:
         rows = rows.filter(job=request.job)
     policy.require_review(actor, request, "reconciliation.explain")
+    if job and job not in _job_names(request):
+        raise ValidationError(f"job {job[:80]!r} is not part of request #{request.pk}", field="job")
     if not explanation:
         raise ValidationError("say why this interval's numbers differ; an empty explanation explains nothing",
                               field="explanation")
@@ -537,7 +539,8 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
         reconciliation_compute(actor=None, request_id=request.pk)
     row = rows.first()
     if row is None:
-        raise NotFound(f"request #{request.pk} has no interval {partition_key!r}")
+        of_job = f" of job {job!r}" if job else ""
+        raise NotFound(f"request #{request.pk} has no interval {partition_key!r}{of_job}")
     before = row.verdict
     verdict = before if before == Verdict.SKIPPED else _verdict(row.deviations, explanation)
     now = timezone.now()
@@ -576,13 +579,18 @@ def intervals_explain(*, actor, request_id, intervals: list[tuple[str, str]], ex
                             field="status")
     if not Reconciliation.objects.filter(request=request).exists():
         reconciliation_compute(actor=None, request_id=request.pk)
+    strangers = list(dict.fromkeys(job for job, _ in wanted if job not in _job_names(request)))
+    if strangers:
+        named = ", ".join(repr(j[:80]) for j in strangers[:10])
+        raise ValidationError(f"job {named} is not part of request #{request.pk}" if len(strangers) == 1
+                              else f"jobs {named} are not part of request #{request.pk}", field="intervals")
     found = {(r.job.name, r.partition_key): r for r in ReconciliationRow.objects.filter(
         request=request, partition_key__in={k for _, k in wanted}).select_related("job", "dataset")}
-    missing = [f"{job} {key}" for job, key in wanted if (job, key) not in found]
+    missing = [f"{key!r} of {job}" for job, key in wanted if (job, key) not in found]
     if missing:
         raise ValidationError(f"request #{request.pk} has no interval {', '.join(missing[:10])}"
                               + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""), field="intervals")
-    nothing = [f"{job} {key}" for job, key in wanted if not found[(job, key)].deviations]
+    nothing = [f"{key!r} of {job}" for job, key in wanted if not found[(job, key)].deviations]
     if nothing:
         raise ValidationError(f"nothing to explain in {', '.join(nothing[:10])}: its numbers match"
                               + (f" (and {len(nothing) - 10} more)" if len(nothing) > 10 else ""), field="intervals")
@@ -599,6 +607,12 @@ def intervals_explain(*, actor, request_id, intervals: list[tuple[str, str]], ex
                          data={"partition": row.partition_key, "deviations": row.deviations, "together": len(rows)})
         _refresh_verdict_counts(request)
     return list(ReconciliationRow.objects.filter(pk__in=[r.pk for r in rows]).order_by("job_id", "position"))
+
+
+def _job_names(request: BackfillRequest) -> set[str]:
+    """The jobs a request covers: its target and its cascade's nodes, as the calendar
+    checks a `job` parameter."""
+    return {request.job.name, *(request.node_actions or {})}
 
 
 def _refresh_verdict_counts(request: BackfillRequest) -> None:

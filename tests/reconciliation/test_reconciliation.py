@@ -241,6 +241,22 @@ def test_bad_explanations_are_refused_clearly_and_change_nothing(personas, ready
     assert api("alice").get(f"/api/requests/{request.pk}/reconciliation/").json()["signed_off_by"] == "olivia"
 
 
+def test_explaining_for_a_job_outside_the_request_names_the_job_not_the_interval(personas, ready, api):
+    request = run_request(personas, ready, start="2022-10-01", end="2022-10-01")
+    url = f"/api/requests/{request.pk}/intervals/2022-10-01/explain/"
+    for job in ("nope", "page_views_hourly"):  # no such job; a job this request does not cover
+        answer = api("alice").post(url, {"explanation": "x", "job": job}, format="json")
+        assert answer.status_code == 400, answer.content
+        body = answer.json()
+        assert body["errors"]["job"] == [f"job {job!r} is not part of request #{request.pk}"]
+        assert "has no interval" not in str(body)
+    missing = api("alice").post(f"/api/requests/{request.pk}/intervals/1999-01-01/explain/",
+                                {"explanation": "x", "job": "dwd_order_items"}, format="json")
+    assert missing.status_code == 404
+    assert "has no interval '1999-01-01' of job 'dwd_order_items'" in missing.json()["detail"]
+    assert ReconciliationRow.objects.get(request=request).explanation == ""
+
+
 def test_several_intervals_are_explained_with_one_reason_all_or_none(personas, ready):
     from backfill_portal.core.errors import NotFound, PermissionDenied, ValidationError
     from backfill_portal.recovery.reconciliation import intervals_explain
@@ -257,7 +273,12 @@ def test_several_intervals_are_explained_with_one_reason_all_or_none(personas, r
     with pytest.raises(ValidationError) as unknown:
         intervals_explain(actor=personas["alice"], request_id=doubled.pk, explanation="x",
                           intervals=picked + [("dwd_order_items", "1999-01-01")])
-    assert "1999-01-01" in unknown.value.message and "intervals" in unknown.value.fields
+    assert unknown.value.message == f"request #{doubled.pk} has no interval '1999-01-01' of dwd_order_items"
+    assert "intervals" in unknown.value.fields
+    with pytest.raises(ValidationError) as stranger:
+        intervals_explain(actor=personas["alice"], request_id=doubled.pk, explanation="x",
+                          intervals=picked + [("nope", "x")])
+    assert stranger.value.message == f"job 'nope' is not part of request #{doubled.pk}"
     with pytest.raises(PermissionDenied):
         intervals_explain(actor=personas["audrey"], request_id=doubled.pk, intervals=picked, explanation="x")
     assert set(ReconciliationRow.objects.filter(request=doubled).values_list("verdict", flat=True)) == {"unexplained"}

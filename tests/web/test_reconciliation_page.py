@@ -136,6 +136,13 @@ def test_one_explanation_for_several_intervals_from_the_page(web, doubled):
     assert html.count('form="explain-many"') == 2 and "Explain several intervals with one reason" in html
     refused = client.post(url(doubled, "reconciliation-explain-many"), {"scope": "picked", "explanation": "x"})
     assert refused.status_code == 400 and "choose the intervals" in refused.content.decode()
+    bogus = client.post(url(doubled, "reconciliation-explain-many"),
+                        {"scope": "picked", "explanation": "x", "intervals": ["nope|x"]}).content.decode()
+    assert f"job &#x27;nope&#x27; is not part of request #{doubled.pk}" in bogus and "has no interval" not in bogus
+    unknown = client.post(url(doubled, "reconciliation-explain-many"),
+                          {"scope": "picked", "explanation": "x", "intervals": ["dwd_order_items|x"]})
+    assert unknown.status_code == 400
+    assert f"request #{doubled.pk} has no interval &#x27;x&#x27; of dwd_order_items" in unknown.content.decode()
     empty = client.post(url(doubled, "reconciliation-explain-many"), {"scope": "unexplained", "explanation": " "})
     assert empty.status_code == 400 and "empty explanation explains nothing" in empty.content.decode()
     assert not ReconciliationRow.objects.filter(request=doubled, verdict="explained").exists()
