@@ -31,6 +31,7 @@ from backfill_portal.backfills.models import BackfillRequest
 from backfill_portal.backfills.policy import ROLLBACKABLE_REQUEST_STATES, request_rollback_datasets, require_roll_back
 from backfill_portal.backfills.selectors import request_get
 from backfill_portal.backfills.services.lifecycle import request_reopen, request_rolled_back
+from backfill_portal.backfills.services.requests import NodeAction
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
 from backfill_portal.core.services.audit import audit_record
@@ -375,27 +376,45 @@ def closure_entries(rows) -> list[dict]:
         if r.version_id in seen:
             continue
         seen.add(r.version_id)
-        status = contamination_status(r, current.get((r.dataset_id, r.partition_key)))
+        status = _status(r, current.get((r.dataset_id, r.partition_key)))
         out.append({"dataset": r.dataset.name, "partition_key": r.partition_key, "run_id": r.version.run.run_id,
                     "job": r.version.run.job.name, "request": r.version.run.request_id, "depth": r.depth,
                     "via": _ref(r.via), "rolled_back": _ref(r.rolled_back),
-                    "rebuild_request": r.rebuild_id, **status})
+                    "rebuild_request": r.rebuild_id, "rebuild_skips": _rebuild_skips(r), **status})
     return out
+
+
+def _rebuild_skips(row: Contamination) -> bool:
+    """Whether the rebuild filed for this entry leaves its job out (node action `skip`,
+    e.g. a side-effect node not authorised): that request will not clear the mark."""
+    rebuild = row.rebuild
+    return rebuild is not None and (rebuild.node_actions or {}).get(row.version.run.job.name) == NodeAction.SKIP
+
+
+def _status(row: Contamination, current) -> dict:
+    """contamination_status, told that a pending mark's rebuild skips its job: "rebuild
+    pending (#N)" would promise a rebuild that request never makes."""
+    status = contamination_status(row, current)
+    if status["state"] == "pending" and _rebuild_skips(row):
+        status["message"] = (f"built from a rolled-back input: not being rebuilt "
+                             f"(#{row.rebuild_id} skips {row.version.run.job.name})")
+    return status
 
 
 def partition_contamination(*, dataset: Dataset, partition_key: str) -> dict | None:
     """The mark a partition carries while (and after) it was built from a rolled-back
     input: the newest closure entry of this partition, with where it stands."""
     rows = list(Contamination.objects.filter(dataset=dataset, partition_key=partition_key)
-                .select_related("version__run", "via__run", "via__dataset", "rolled_back__run",
+                .select_related("version__run__job", "via__run", "via__dataset", "rolled_back__run",
                                 "rolled_back__dataset", "dataset", "rebuild").order_by("-id"))
     if not rows:
         return None
     current = publications_in_effect(rows[:1]).get((dataset.pk, partition_key))
     row = next((r for r in rows if current is not None and r.version_id == current.version_id), rows[0])
     return {"run_id": row.version.run.run_id, "depth": row.depth, "via": _ref(row.via),
-            "rolled_back": _ref(row.rolled_back), "rebuild_request": row.rebuild_id, "found_at": row.found_at,
-            **contamination_status(row, current)}
+            "rolled_back": _ref(row.rolled_back), "rebuild_request": row.rebuild_id,
+            "rebuild_skips": _rebuild_skips(row), "job": row.version.run.job.name, "found_at": row.found_at,
+            **_status(row, current)}
 
 
 # -- services ----------------------------------------------------------------------------------

@@ -96,3 +96,31 @@ def test_an_anomaly_offers_the_corrective_backfill_only_to_who_may_file_it(web, 
     assert corrective not in auditor and "File the corrective backfill" not in auditor
     for name in ("alice", "oscar"):
         assert corrective in section(web(name).get(reverse("home")).content.decode(), "anomalies-h")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rebuild_that_skips_the_contaminated_job_is_shown_as_not_rebuilding_it(web, personas, incident,
+                                                                                  make_request):
+    from backfill_portal.backfills.models import BackfillRequest
+    from backfill_portal.recovery.rollback import partition_rollback_rebuild
+    from backfill_portal.warehouse.models import Contamination
+
+    partition_rollback(actor=personas["oscar"], dataset="dwd_order_items", partition_key="2022-10-01",
+                       reason="doubled by the 02:00 deploy")
+    [rebuild] = partition_rollback_rebuild(actor=personas["oscar"], dataset="dwd_order_items",
+                                           partition_key="2022-10-01")
+    panel = section(web("oscar").get(reverse("home")).content.decode(), "contaminated-h")
+    assert f'<a href="/requests/{rebuild.pk}/">#{rebuild.pk}</a>' in panel and "skips" not in panel
+
+    # A cascade over the rolled-back day that leaves dws_sales_daily out (node action skip)
+    # is the rebuild on record: it will never clear the mark.
+    skipping = make_request("pending", job="dwd_order_items", cascade="cascade", start="2022-10-01",
+                            end="2022-10-01")
+    BackfillRequest.objects.filter(pk=skipping.pk).update(
+        node_actions={**skipping.node_actions, "dws_sales_daily": "skip"})
+    Contamination.objects.filter(dataset__name="dws_sales_daily").update(rebuild=skipping)
+    panel = section(web("oscar").get(reverse("home")).content.decode(), "contaminated-h")
+    assert f'not rebuilt: <a href="/requests/{skipping.pk}/">#{skipping.pk}</a> skips it' in panel
+    partition = web("oscar").get(reverse("partition", args=["dws_sales_daily", "2022-10-01"])).content.decode()
+    assert f"not being rebuilt (#{skipping.pk} skips dws_sales_daily)" in partition
+    assert f"request #{skipping.pk}</a>, filed to rebuild it, skips dws_sales_daily" in partition
