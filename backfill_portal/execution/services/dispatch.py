@@ -239,7 +239,9 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
             if len(jobs) == 1:
                 job = request.job
                 room = min(budget, free_slots(job, production=False))
-                sizes[job.pk] = bundle_size(request, job, queued=request.max_active_intervals)
+                # No room, nothing to size: the sweeper's periodic dispatch of a request
+                # held at its gates does not read the job's history.
+                sizes[job.pk] = bundle_size(request, job, queued=request.max_active_intervals) if room > 0 else 1
                 if in_publication and in_flight and room < sizes[job.pk]:
                     # Cheap work whose slots come free one at a time: wait for a bundle's
                     # worth (the publications still in flight dispatch again).
