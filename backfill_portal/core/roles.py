@@ -26,9 +26,7 @@ def user_roles(user) -> set[str]:
         return set()
     cached = getattr(user, "_bp_roles", None)
     if cached is None:
-        cached = set(user.groups.values_list("name", flat=True)) & set(Role.values)
-        if user.is_superuser:
-            cached.add(Role.ADMIN)
+        cached = set(roles_of(user.groups.values_list("name", flat=True), is_superuser=user.is_superuser))
         user._bp_roles = cached
     return cached
 
@@ -69,7 +67,9 @@ FLAGS = ("is_superuser", "is_staff", "is_active")
 
 
 def roles_of(group_names, *, is_superuser: bool) -> list[str]:
-    """The roles a user with these groups and this flag has (as `user_roles`)."""
+    """The roles a user with these groups and this flag has: its groups that are roles,
+    and admin for a superuser (what `user_roles` reads, and what a role change's audit
+    row records before and after)."""
     roles = set(group_names) & set(Role.values)
     if is_superuser:
         roles.add(Role.ADMIN)
