@@ -579,7 +579,8 @@ def intervals_explain(*, actor, request_id, intervals: list[tuple[str, str]], ex
                             field="status")
     if not Reconciliation.objects.filter(request=request).exists():
         reconciliation_compute(actor=None, request_id=request.pk)
-    strangers = list(dict.fromkeys(job for job, _ in wanted if job not in _job_names(request)))
+    covered = _job_names(request)
+    strangers = list(dict.fromkeys(job for job, _ in wanted if job not in covered))
     if strangers:
         named = ", ".join(repr(j[:80]) for j in strangers[:10])
         raise ValidationError(f"job {named} is not part of request #{request.pk}" if len(strangers) == 1
