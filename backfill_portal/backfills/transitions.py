@@ -1,6 +1,8 @@
 """Allowed edges of the request and interval lifecycles. No other code assigns `.status`."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -10,7 +12,7 @@ from backfill_portal.backfills.choices import StepStatus as S
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Interval
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.services.audit import audit_record
-from backfill_portal.core.transitions import apply_transition
+from backfill_portal.core.transitions import apply_transition, apply_transitions
 
 REQUEST_EDGES: dict[str, frozenset[str]] = {
     R.DRAFT: frozenset({R.PENDING_APPROVAL, R.CANCELLED}),
@@ -69,6 +71,17 @@ def interval_transition(interval: Interval, *, to: str, actor=None, reason: str 
     return apply_transition(
         instance=interval, to=to, edges=INTERVAL_EDGES, actor=actor, object_type="interval",
         request_id=interval.request_id, reason=reason, data={"partition": interval.partition_key, **(data or {})},
+    )
+
+
+def intervals_transition(intervals: Sequence[Interval], *, to: str, data: Callable[[Interval], dict]) -> None:
+    """`interval_transition` (by the system) of several intervals in one state, as one
+    conditional UPDATE, each with its own audit row. All or nothing: ConflictError if
+    any moved on, and the caller's savepoint rolls the set back."""
+    apply_transitions(
+        instances=intervals, to=to, edges=INTERVAL_EDGES, actor=None, object_type="interval",
+        audit=lambda interval: {"request_id": interval.request_id,
+                                "data": {"partition": interval.partition_key, **data(interval)}},
     )
 
 

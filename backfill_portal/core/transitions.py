@@ -7,9 +7,10 @@ all in one transaction.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from django.db import models, transaction
+from django.db.models import Case, Q, Value, When
 
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.rows import update_row
@@ -70,3 +71,59 @@ def apply_transition(
     for key, value in updates.items():
         setattr(instance, key, value)
     return instance
+
+
+def apply_transitions(
+    *,
+    instances: Sequence[models.Model],
+    to: str,
+    edges: Mapping[str, frozenset[str] | set[str] | tuple[str, ...]],
+    actor,
+    object_type: str,
+    audit: Callable[[models.Model], dict],
+    updates: dict | None = None,
+    expect: Callable[[models.Model], dict] | None = None,
+) -> None:
+    """`apply_transition` for several rows of one model in one state: one conditional
+    UPDATE claims them all, and each gets the audit row it would get alone (`audit(row)`:
+    its request_id, dataset, reason and data). All or nothing: if any row moved on (a
+    count other than len(instances)), ConflictError is raised and the caller's savepoint
+    rolls back the whole set (the caller's transaction is marked for rollback when some
+rows were claimed; when none was, nothing changed and it stays usable).
+
+    `updates`: column -> value, or a callable giving each row its own value (written by
+    one CASE on the primary key). `expect(row)`: the columns that row must still hold."""
+    if not instances:
+        return
+    model = type(instances[0])
+    current = instances[0].status
+    if any(instance.status != current for instance in instances) or to not in edges.get(current, ()):
+        raise ConflictError(f"{object_type}s in {sorted({i.status for i in instances})} cannot all become {to}",
+                            field="status")
+    values = {name: {i.pk: value(i) for i in instances} if callable(value) else value
+              for name, value in (updates or {}).items()}
+    sql_values = {name: Case(*(When(pk=pk, then=Value(v, output_field=model._meta.get_field(name)))
+                                for pk, v in value.items()), output_field=model._meta.get_field(name))
+                  if isinstance(value, dict) else value for name, value in values.items()}
+    if expect is None:
+        claimed_rows = model._base_manager.filter(pk__in=[i.pk for i in instances], status=current)
+    else:
+        condition = Q()
+        for instance in instances:
+            condition |= Q(pk=instance.pk, **expect(instance))
+        claimed_rows = model._base_manager.filter(condition, status=current)
+    lost = ConflictError(f"{object_type}s changed while we were working on them; reload and try again",
+                         field="status")
+    with transaction.atomic(savepoint=False):
+        claimed = claimed_rows.update(status=to, **sql_values)
+        if 0 < claimed < len(instances):
+            raise lost  # inside the block: the caller's transaction (or savepoint) must roll back
+        for instance in instances if claimed else ():
+            audit_record(actor=actor, action=f"{object_type}.{to}", object_type=object_type,
+                         object_id=instance.pk, from_state=current, to_state=to, **audit(instance))
+    if not claimed:
+        raise lost  # nothing changed: the transaction stays usable
+    for instance in instances:
+        instance.status = to
+        for name, value in values.items():
+            setattr(instance, name, value[instance.pk] if isinstance(value, dict) else value)

@@ -60,6 +60,27 @@ def trailing_row_counts(dataset_id: int, partition_key: str, window: int = BASEL
     )
 
 
+def trailing_row_counts_of(dataset_id: int, partition_keys: list[str], window: int = BASELINE_WINDOW
+                           ) -> dict[str, list[int]]:
+    """`trailing_row_counts` of several partitions of one dataset in one read: the
+    published versions before the last of them, as many as the window plus the
+    partitions (enough when they are neighbours); a partition that read does not cover
+    is read on its own."""
+    keys = sorted(set(partition_keys))
+    limit = window + len(keys)
+    rows = list(
+        Version.objects.filter(dataset_id=dataset_id, run__status=RunStatus.PUBLISHED, partition_key__lt=keys[-1])
+        .order_by("-partition_key").values_list("partition_key", "row_count")[:limit]
+    )
+    counts = {}
+    for key in keys:
+        before = [count for partition, count in rows if partition < key][:window]
+        # A full read may have stopped short of this partition's window; a short one holds all.
+        counts[key] = before if len(before) == window or len(rows) < limit else trailing_row_counts(
+            dataset_id, key, window)
+    return counts
+
+
 def baseline_of(row_count: int, counts: list[int]) -> tuple[float | None, float | None]:
     """(baseline_rows, row_ratio) of a version with `row_count` rows whose trailing
     published partitions have `counts`: the ratio only over a window of at least

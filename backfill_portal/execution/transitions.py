@@ -1,13 +1,14 @@
 """Allowed edges of the run and attempt lifecycles. No other code assigns `.status`."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 
 from django.db import transaction
-from django.db.models import Exists
+from django.db.models import Exists, Q
 
 from backfill_portal.core.services.audit import audit_serialise
-from backfill_portal.core.transitions import apply_transition
+from backfill_portal.core.transitions import apply_transition, apply_transitions
 from backfill_portal.execution.choices import AttemptStatus as A
 from backfill_portal.execution.choices import RunStatus as R
 from backfill_portal.execution.lineage_out.events import Transition
@@ -70,6 +71,51 @@ def run_transition(run: Run, *, to: str, actor=None, reason: str = "", updates: 
     return run
 
 
+def runs_transition(runs: Sequence[Run], *, to: str, updates: dict | None = None,
+                    data: Callable[[Run], dict] | None = None, expect: Callable[[Run], dict] | None = None,
+                    reason: Callable[[Run], str] | None = None) -> None:
+    """`run_transition` (by the system) of several runs in one state, as one conditional
+    UPDATE (core.transitions.apply_transitions): each run gets the audit row, failing
+    flag and lineage event it would get alone. All or nothing: ConflictError if any run
+    moved on, and the caller's savepoint rolls the set back. `updates` values may be
+    callables (each run's own value); `data(run)`, `reason(run)`: its audit data and reason."""
+    if not runs:
+        return
+    before = runs[0].status
+    updates = dict(updates or {})
+    if to in RUN_FAILED:
+        updates["failing"] = True
+    elif before in RUN_FAILED:
+        updates["failing"] = False
+    data = data or (lambda run: {})
+    reason = reason or (lambda run: "")
+    with nullcontext() if transaction.get_connection().in_atomic_block else transaction.atomic():
+        apply_transitions(
+            instances=runs, to=to, edges=RUN_EDGES, actor=None, object_type="run", updates=updates, expect=expect,
+            audit=lambda run: {"request_id": run.request_id, "dataset": run.job.dataset.name, "reason": reason(run),
+                               "data": {"run_id": run.run_id, "partition": run.partition_key, **data(run)}},
+        )
+        if to in RUN_FAILED or to == R.PUBLISHED:
+            audit_serialise()
+        if to in RUN_FAILED:
+            for run in runs:
+                run_failing_keep(run)
+        elif to == R.PUBLISHED:
+            _failing_clear(runs)
+        for run in runs:
+            lineage_transition(run, Transition(before=before, to=to, actor=None, reason=reason(run), data=data(run)))
+
+
+def attempts_transition(attempts: Sequence[Attempt], *, to: str, updates: dict | None = None) -> None:
+    """`attempt_transition` (by the system) of several attempts in one state, all or
+    nothing, as `runs_transition`."""
+    apply_transitions(
+        instances=attempts, to=to, edges=ATTEMPT_EDGES, actor=None, object_type="attempt", updates=updates,
+        audit=lambda attempt: {"request_id": attempt.run.request_id,
+                               "data": {"run_id": attempt.run.run_id, "attempt_no": attempt.attempt_no}},
+    )
+
+
 # --- Run.failing: "failed, and no later run of its partition published since" ----------------
 #
 # Kept here, in the transaction of the transition that changes it, so the runs list and
@@ -96,8 +142,14 @@ def run_failing_keep(run: Run) -> None:
 
 def runs_failing_clear(run: Run) -> None:
     """`run` has just been published: earlier failures of its partition are repaired."""
-    Run.objects.filter(job_id=run.job_id, partition_key=run.partition_key, pk__lt=run.pk,
-                       failing=True).update(failing=False)
+    _failing_clear([run])
+
+
+def _failing_clear(runs: Sequence[Run]) -> None:
+    earlier = Q()
+    for run in runs:
+        earlier |= Q(job_id=run.job_id, partition_key=run.partition_key, pk__lt=run.pk)
+    Run.objects.filter(earlier, failing=True).update(failing=False)
 
 
 def attempt_transition(attempt: Attempt, *, to: str, actor=None, reason: str = "", updates: dict | None = None) -> Attempt:

@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 CRASH = {"after_fraction": None, "times": 0, "let_through": 0}
+# Partitions whose rows order_items gives twice (duplicate business keys: the
+# unique_business_key check fails them), and partitions whose running attempt it has
+# marked lost, as the sweeper would, before it writes (its result is then fenced).
+DUPLICATE: set[str] = set()
+LOSE: set[str] = set()
 
 
 def order_items(context):
@@ -18,6 +23,11 @@ def order_items(context):
             latest[key] = (rank, r)
     out = [{"order_id": r["order_id"], "item_id": r["item_id"], "category": r["category"], "amount": r["amount"]}
            for _, r in sorted(latest.values(), key=lambda x: (x[1]["order_id"], x[1]["item_id"]))]
+    if context.partition_key in DUPLICATE:
+        out = out + out[:1]
+    if context.partition_key in LOSE:
+        LOSE.discard(context.partition_key)
+        _lose(context)
     limit = None
     if CRASH["let_through"] > 0:
         CRASH["let_through"] -= 1
@@ -28,6 +38,14 @@ def order_items(context):
         if limit is not None and i == limit:
             raise RuntimeError(f"worker died after writing {i} of {len(out)} rows")
         yield row
+
+
+def _lose(context) -> None:
+    from backfill_portal.execution.models import Attempt
+    from backfill_portal.execution.services.runs import attempt_fail
+
+    attempt = Attempt.objects.select_related("run__job__dataset").get(run__run_id=context.run_id, status="running")
+    attempt_fail(attempt=attempt, run=attempt.run, to="lost", error="heartbeat expired: the test's sweeper")
 
 
 def broken(context):

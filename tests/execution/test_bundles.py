@@ -104,6 +104,91 @@ def test_a_failing_attempt_in_a_bundle_retries_alone_and_the_others_publish(pers
         assert len(keys) == len(set(keys)) == len(expected_latest_items(warehouse, run))  # not one row more
 
 
+def test_a_bundle_takes_each_step_as_one_statement_per_edge_for_all_its_runs(personas, ready, settings):
+    run_alone_first(personas, ready, "page_views_hourly", "2022-10-01T00:00:00Z", "2022-10-01T11:00:00Z")
+    settings.EXECUTION_BUNDLE_LANES = 1  # one lane: the job's 4 at once in one bundle
+    approved_request(personas, job="page_views_hourly", start="2022-10-02T00:00:00Z", end="2022-10-02T03:00:00Z",
+                     max_active_intervals=8)
+    ready.drain(skip=lambda task, args: task == BUNDLE)
+    (run_ids,) = next(m for m in ready.sent if m[0] == BUNDLE)[1]
+    assert len(run_ids) == 4
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from backfill_portal.celery import app
+
+    with CaptureQueriesContext(connection) as statements:
+        assert app.tasks[BUNDLE].apply(args=[run_ids], throw=True).get() == dict.fromkeys(run_ids, "published")
+    sql = [q["sql"] for q in statements.captured_queries]
+
+    def count(prefix):
+        return sum(s.replace("INSERT OR IGNORE", "INSERT").startswith(prefix) for s in sql)
+
+    # queued -> running -> staged -> verifying -> verified -> published: one UPDATE each
+    # for the 4 runs; one for the attempts, two for the intervals; one INSERT of each kind.
+    assert count('UPDATE "execution_run" SET "status"') == 5
+    assert count('UPDATE "execution_attempt" SET "status"') == 1
+    assert count('UPDATE "backfills_interval" SET "status"') == 2
+    for table in ("execution_attempt", "warehouse_version", "execution_checkresult", "warehouse_publication"):
+        assert count(f'INSERT INTO "{table}"') == 1, table
+    assert count("SAVEPOINT") <= 4 + 1  # one a step, and the dispatch after the publications: none a run
+
+
+def test_in_a_bundle_a_run_that_fails_its_checks_fails_alone_and_the_others_publish(personas, ready, warehouse):
+    first = run_alone_first(personas, ready, "dwd_order_items_py", "2022-09-28", "2022-10-02")
+    alone = Run.objects.filter(request=first).order_by("pk").last()
+    test_jobs.DUPLICATE.add("2022-10-04")
+    try:
+        request = approved_request(personas, job="dwd_order_items_py", start="2022-10-03", end="2022-10-08",
+                                   max_active_intervals=8)
+        done = ready.drain()
+    finally:
+        test_jobs.DUPLICATE.clear()
+    results = {run_id: result for task, _, bundle in done if task == BUNDLE for run_id, result in bundle.items()}
+    bad = Run.objects.get(request=request, partition_key="2022-10-04")
+    assert results[bad.run_id] == "verification_failed"
+    assert CheckResult.objects.get(run=bad, name="unique_business_key").passed is False
+    assert warehouse.current("dwd_order_items_py", "2022-10-04") is None  # nothing of it visible
+    good = Run.objects.filter(request=request).exclude(pk=bad.pk)
+    assert len(good) == 5 and {results.get(run.run_id, "alone") for run in good} >= {"published"}
+    expected = trail(alone)
+    for run in good:
+        assert run.status == RunStatus.PUBLISHED
+        assert trail(run) == expected, run.run_id
+        assert CheckResult.objects.filter(run=run).count() == CheckResult.objects.filter(run=alone).count()
+    assert Interval.objects.get(request=request, partition_key="2022-10-04").status == IntervalStatus.FAILED
+    assert audit_verify()[1] is None
+
+
+def test_in_a_bundle_an_attempt_marked_lost_is_fenced_alone_and_its_retry_publishes_once(personas, ready, warehouse):
+    first = run_alone_first(personas, ready, "dwd_order_items_py", "2022-09-28", "2022-10-02")
+    alone = Run.objects.filter(request=first).order_by("pk").last()
+    test_jobs.LOSE.add("2022-10-04")
+    try:
+        request = approved_request(personas, job="dwd_order_items_py", start="2022-10-03", end="2022-10-08",
+                                   max_active_intervals=8)
+        done = ready.drain()
+    finally:
+        test_jobs.LOSE.clear()
+    results = {run_id: result for task, _, bundle in done if task == BUNDLE for run_id, result in bundle.items()}
+    lost = Run.objects.get(request=request, partition_key="2022-10-04")
+    assert results[lost.run_id] == "fenced"
+    assert list(Attempt.objects.filter(run=lost).order_by("attempt_no").values_list("status", flat=True)) == [
+        AttemptStatus.LOST, AttemptStatus.SUCCEEDED]
+    request.refresh_from_db()
+    assert request.status == RequestStatus.RECONCILING
+    expected = trail(alone)
+    for run in Run.objects.filter(request=request):
+        assert run.status == RunStatus.PUBLISHED
+        assert Publication.objects.filter(version__run=run).count() == 1
+        rows = published_rows(warehouse, "dwd_order_items_py", run.partition_key)
+        keys = [(r["order_id"], r["item_id"]) for r in rows]
+        assert len(keys) == len(set(keys)) == len(expected_latest_items(warehouse, run))  # written once
+        if run.pk != lost.pk:
+            assert trail(run) == expected, run.run_id
+    assert audit_verify()[1] is None
+
+
 def test_a_bundle_delivered_twice_changes_nothing_the_second_time(personas, ready):
     run_alone_first(personas, ready, "page_views_hourly", "2022-10-01T00:00:00Z", "2022-10-01T11:00:00Z")
     request = approved_request(personas, job="page_views_hourly", start="2022-10-02T00:00:00Z",

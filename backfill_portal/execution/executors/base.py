@@ -257,10 +257,9 @@ class ExecutionContext:
         return self._read(name)
 
     def record_output_columns(self, columns: list[str]) -> None:
-        """What the run produced, for the declared-schema check."""
-        run = self.run
-        run.output_columns = columns
-        type(run).objects.filter(pk=run.pk).update(output_columns=run.output_columns)
+        """What the run produced, for the declared-schema check: kept on the run, and
+        written with its move to `staged` (services/runs.py attempt_succeed)."""
+        self.run.output_columns = columns
 
     def stage_select(self, sql: str) -> Marker:
         self.record_output_columns(self.warehouse.columns_of(sql))

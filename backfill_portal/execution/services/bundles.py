@@ -43,19 +43,23 @@ from backfill_portal.execution.choices import RunType
 from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.services.runs import (
     Heartbeat,
-    attempt_succeed,
-    attempt_start,
     attempt_failed,
+    attempt_start,
+    attempt_succeed,
+    attempts_start,
+    attempts_succeed,
     worker_name,
     write_version,
 )
 from backfill_portal.execution.services.verify import (
     dispatch_after_publication,
     publish_record,
+    publish_records,
     publish_switch,
     run_execute_and_verify,
     verification_not_run,
     verification_verdict,
+    verification_verdicts,
 )
 from backfill_portal.backends import get_warehouse
 from backfill_portal.warehouse.services.outage import warehouse_outage_current
@@ -101,7 +105,7 @@ def runs_execute_bundle(*, run_ids: list[str], worker: str = "") -> dict[str, st
 def _claim_and_stage(runs: list[Run], worker: str, results: dict[str, str]) -> list[tuple[Run, dict]]:
     """Steps 1-3: the runs whose versions are staged and whose verification this
     bundle has claimed, each with its fence."""
-    with transaction.atomic(), audit_batch():
+    def each():
         started = []
         for run in runs:
             attempt = attempt_start(run, worker)
@@ -109,6 +113,10 @@ def _claim_and_stage(runs: list[Run], worker: str, results: dict[str, str]) -> l
                 results[run.run_id] = "claimed-elsewhere"
             else:
                 started.append((run, attempt))
+        return started
+
+    with transaction.atomic(), audit_batch():
+        started = _all_or_each(lambda: list(zip(runs, attempts_start(runs, worker))), each, rows=_rows(runs))
     if not started:
         return []
     warehouse = get_warehouse()
@@ -124,16 +132,21 @@ def _claim_and_stage(runs: list[Run], worker: str, results: dict[str, str]) -> l
                     results[run.run_id] = attempt_failed(attempt=attempt, run=run, exc=exc)
                     continue
             markers.append((run, attempt, marker))
-    staged = []
-    with transaction.atomic(), audit_batch():
+    def each():
+        staged = []
         for run, attempt, marker in markers:
             with run_log_context(run_id=run.run_id, attempt_no=attempt.attempt_no):
                 result = attempt_succeed(attempt=attempt, run=run, marker=marker, claim_verification=True)
             if result == "staged":
-                staged.append((run, {"verify_token": run.verify_token}))
+                staged.append(run)
             else:
                 results[run.run_id] = result
-    return staged
+        return staged
+
+    with transaction.atomic(), audit_batch():
+        staged = _all_or_each(lambda: attempts_succeed(markers) or [run for run, _, _ in markers], each,
+                              rows=_rows([run for run, _, _ in markers]) + [attempt for _, attempt, _ in markers])
+    return [(run, {"verify_token": run.verify_token}) for run in staged]
 
 
 def _verify(staged: list[tuple[Run, dict]], results: dict[str, str]) -> list[tuple[Run, str | None]]:
@@ -149,8 +162,8 @@ def _verify(staged: list[tuple[Run, dict]], results: dict[str, str]) -> list[tup
                     checked.append((run, fence, run_checks(run, warehouse)))
                 except Exception as exc:
                     results[run.run_id] = verification_not_run(run, fence, exc)
-    verified = []
-    with transaction.atomic(), audit_batch():
+    def each():
+        verified = []
         for run, fence, checks in checked:
             with run_log_context(run_id=run.run_id):
                 result, current = verification_verdict(run, fence, checks, warehouse)
@@ -158,7 +171,11 @@ def _verify(staged: list[tuple[Run, dict]], results: dict[str, str]) -> list[tup
                 verified.append((run, current))
             else:
                 results[run.run_id] = result
-    return verified
+        return verified
+
+    with transaction.atomic(), audit_batch():
+        return _all_or_each(lambda: verification_verdicts(checked, warehouse), each,
+                            rows=_rows([run for run, _, _ in checked]))
 
 
 def _publish(verified: list[tuple[Run, str | None]], results: dict[str, str]) -> None:
@@ -179,7 +196,7 @@ def _publish(verified: list[tuple[Run, str | None]], results: dict[str, str]) ->
             switched.append(run)
     if not switched:
         return
-    with transaction.atomic(), audit_batch():
+    def each():
         for run in switched:
             with run_log_context(run_id=run.run_id):
                 try:
@@ -187,8 +204,42 @@ def _publish(verified: list[tuple[Run, str | None]], results: dict[str, str]) ->
                 except Exception:
                     logger.exception("publication of %s could not be recorded; the sweeper will", run.run_id)
                     results[run.run_id] = "unrecorded"
+
+    def all_():
+        publish_records(switched)
+        for run in switched:
+            with run_log_context(run_id=run.run_id):
+                logger.info("published %s/%s (previous %s)", run.job.dataset.name, run.partition_key,
+                            run.expected_previous_run_id or None)
+            results[run.run_id] = "published"
+
+    with transaction.atomic(), audit_batch():
+        _all_or_each(all_, each, rows=_rows(switched))
         if any(results[run.run_id] == "published" for run in switched):
             dispatch_after_publication(switched[0].request_id)  # the slots the bundle freed, filled at once
+
+
+def _all_or_each(together, each, *, rows: list):
+    """A step for the whole bundle at once (`together`: one statement per edge, inside a
+    savepoint), or, when any run does not simply go the common way (a run claimed
+    elsewhere, an attempt fenced, a check failed, anything raised), the savepoint rolled
+    back, the `rows` it had changed in memory put back as they were, and `each` run
+    taken alone, with a savepoint of its own."""
+    saved = [(row, {f.attname: getattr(row, f.attname) for f in row._meta.concrete_fields}) for row in rows]
+    try:
+        with transaction.atomic():
+            return together()
+    except Exception as exc:
+        for row, values in saved:
+            for name, value in values.items():
+                setattr(row, name, value)
+        logger.info("bundle step taken run by run: %s", exc)
+        return each()
+
+
+def _rows(runs: list[Run]) -> list:
+    """The runs and their intervals: what a step changes in memory."""
+    return list(runs) + [run.interval for run in runs if run.interval_id]
 
 
 class _AttemptsHeartbeat(Heartbeat):

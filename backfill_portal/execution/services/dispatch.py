@@ -20,10 +20,9 @@ from backfill_portal.backfills.policy import require_operate
 from backfill_portal.backfills.selectors import request_get
 from backfill_portal.backfills.services.lifecycle import request_fail, request_reconciling, request_resume_after_failure
 from backfill_portal.backfills.services.requests import request_lock
-from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition
+from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition, intervals_transition
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ConflictError, NotFound
-from backfill_portal.core.rows import insert_row
 from backfill_portal.core.services.audit import audit_batch, audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import Attempt, Run
@@ -250,16 +249,19 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
             else:
                 candidates = _cascade_candidates(request, budget)
             queued: dict[int, list[Run]] = {}
+            candidates = list(candidates)
             for interval in candidates:
                 interval.request = request
-                job = jobs[interval.job_id]
-                interval_transition(interval, to=I.QUEUED)
-                run = insert_row(Run(
-                    job=job, run_type=RunType.BACKFILL, request=request, interval=interval,
-                    partition_key=interval.partition_key, data_interval_start=interval.start,
-                    data_interval_end=interval.end, code_version_id=interval.code_version_id,
-                    enqueued_at=timezone.now(),
-                ))
+            # One UPDATE queues them all and one INSERT creates their runs.
+            intervals_transition(candidates, to=I.QUEUED, data=lambda interval: {})
+            now = timezone.now()
+            runs = Run.objects.bulk_create([Run(
+                job=jobs[interval.job_id], run_type=RunType.BACKFILL, request=request, interval=interval,
+                partition_key=interval.partition_key, data_interval_start=interval.start,
+                data_interval_end=interval.end, code_version_id=interval.code_version_id, enqueued_at=now,
+            ) for interval in candidates])
+            for run in runs:
+                job = run.job
                 audit_record(actor=None, action="run.created", object_type="run", object_id=run.pk,
                              request_id=request.pk, dataset=job.dataset.name, to_state=RunStatus.QUEUED,
                              data={"run_id": run.run_id, "partition": run.partition_key, "run_type": run.run_type,

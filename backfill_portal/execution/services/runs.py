@@ -12,15 +12,16 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.choices import RequestStatus as R
-from backfill_portal.backfills.transitions import interval_transition
+from backfill_portal.backfills.transitions import interval_transition, intervals_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
 from backfill_portal.core.services.audit import audit_batch, audit_record
-from backfill_portal.execution.anomalies import baseline_of, trailing_row_counts
+from backfill_portal.execution.anomalies import baseline_of, trailing_row_counts, trailing_row_counts_of
 from backfill_portal.execution.choices import AttemptStatus as A
 from backfill_portal.execution.choices import RunStatus as S
 from backfill_portal.execution.choices import RunType
@@ -28,7 +29,7 @@ from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.selectors import run_get, verification_original
 from backfill_portal.execution.services.dispatch import enqueue_execute, enqueue_verify
 from backfill_portal.execution.services.intervals import interval_fail_with_run
-from backfill_portal.execution.transitions import attempt_transition, run_transition
+from backfill_portal.execution.transitions import attempt_transition, attempts_transition, run_transition, runs_transition
 from backfill_portal.backends import AlreadyCommitted, get_warehouse
 from backfill_portal.warehouse.models import Version
 from backfill_portal.warehouse.services.outage import warehouse_outage_confirm, warehouse_outage_current
@@ -100,6 +101,29 @@ def attempt_start(run: Run, worker: str) -> Attempt | None:
         if run.interval_id and run.interval.status == I.QUEUED:
             interval_transition(run.interval, to=I.RUNNING, data={"run_id": run.run_id})
     return attempt
+
+
+def attempts_start(runs: list[Run], worker: str) -> list[Attempt]:
+    """`attempt_start` for several queued runs of one job at once (a bundle's first
+    step): one conditional UPDATE claims them, one INSERT opens their attempts, one
+    UPDATE moves their intervals, each with the audit rows it gets alone. All or
+    nothing, inside the caller's savepoint: ConflictError when any run was claimed
+    elsewhere (each then goes through `attempt_start` alone)."""
+    now = timezone.now()
+    runs_transition(runs, to=S.RUNNING, updates={"started_at": lambda run: run.started_at or now})
+    last = dict(Attempt.objects.filter(run__in=runs).values_list("run_id").annotate(last=Max("attempt_no"))
+                .values_list("run_id", "last"))
+    attempts = Attempt.objects.bulk_create([
+        Attempt(run=run, attempt_no=last.get(run.pk, 0) + 1, status=A.RUNNING, started_at=now, heartbeat_at=now,
+                worker=worker) for run in runs])
+    for run, attempt in zip(runs, attempts):
+        audit_record(actor=None, action="attempt.started", object_type="attempt", object_id=attempt.pk,
+                     request_id=run.request_id, dataset=run.job.dataset.name, to_state=A.RUNNING,
+                     data={"run_id": run.run_id, "attempt_no": attempt.attempt_no, "worker": worker})
+    run_of = {run.interval_id: run for run in runs if run.interval_id and run.interval.status == I.QUEUED}
+    intervals_transition([run.interval for run in run_of.values()], to=I.RUNNING,
+                         data=lambda interval: {"run_id": run_of[interval.pk].run_id})
+    return attempts
 
 
 # The columns a new attempt is inserted with; the others are NULL (finished_at).
@@ -244,7 +268,7 @@ def attempt_succeed(*, attempt: Attempt, run: Run, marker, claim_verification: b
                 committed_at=marker.committed_at or timezone.now(), baseline_rows=baseline, row_ratio=ratio)],
                 ignore_conflicts=True)
             run_transition(run, to=S.STAGED, data={"row_count": marker.row_count, "fingerprint": marker.fingerprint},
-                           updates={"enqueued_at": timezone.now()})
+                           updates={"enqueued_at": timezone.now(), "output_columns": run.output_columns})
             if claim_verification:
                 run_transition(run, to=S.VERIFYING, expect={"verify_token": run.verify_token},
                                updates={"verify_token": run.verify_token + 1, "verify_heartbeat_at": timezone.now()})
@@ -254,6 +278,35 @@ def attempt_succeed(*, attempt: Attempt, run: Run, marker, claim_verification: b
         logger.warning("attempt %s was fenced (lost or cancelled); its result is refused", attempt.attempt_no)
         return "fenced"
     return "staged"
+
+
+def attempts_succeed(staged: list[tuple[Run, Attempt, object]]) -> None:
+    """`attempt_succeed(claim_verification=True)` for several attempts at once (a
+    bundle's third step): the attempts succeeded, the versions recorded, the runs
+    staged and their verification claimed, each edge one UPDATE for all, each run with
+    the audit rows it gets alone. All or nothing, inside the caller's savepoint:
+    ConflictError when any attempt was fenced (each then goes through
+    `attempt_succeed` alone)."""
+    now = timezone.now()
+    runs = [run for run, _, _ in staged]
+    markers = {run.pk: marker for run, _, marker in staged}
+    for run, attempt, _ in staged:
+        attempt.run = run
+    attempts_transition([attempt for _, attempt, _ in staged], to=A.SUCCEEDED, updates={"finished_at": now})
+    versions = []
+    trailing = trailing_row_counts_of(runs[0].job.dataset_id, [run.partition_key for run in runs])
+    for run, _, marker in staged:
+        baseline, ratio = baseline_of(marker.row_count, trailing[run.partition_key])
+        versions.append(Version(
+            run=run, dataset=run.job.dataset, partition_key=run.partition_key, row_count=marker.row_count,
+            fingerprint=marker.fingerprint, committed_attempt=marker.attempt_no,
+            committed_at=marker.committed_at or now, baseline_rows=baseline, row_ratio=ratio))
+    Version.objects.bulk_create(versions, ignore_conflicts=True)
+    runs_transition(runs, to=S.STAGED, updates={"enqueued_at": now, "output_columns": lambda run: run.output_columns},
+                    data=lambda run: {"row_count": markers[run.pk].row_count,
+                                      "fingerprint": markers[run.pk].fingerprint})
+    runs_transition(runs, to=S.VERIFYING, expect=lambda run: {"verify_token": run.verify_token},
+                    updates={"verify_token": lambda run: run.verify_token + 1, "verify_heartbeat_at": now})
 
 
 def retry_delay(failures: int) -> float:

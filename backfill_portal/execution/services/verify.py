@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus as I
-from backfill_portal.backfills.transitions import interval_transition
+from backfill_portal.backfills.transitions import interval_transition, intervals_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
 from backfill_portal.core.rows import insert_row
@@ -34,7 +34,7 @@ from backfill_portal.execution.services.dispatch import (
 )
 from backfill_portal.execution.services.intervals import interval_fail_with_run
 from backfill_portal.execution.services.runs import Heartbeat, run_execute
-from backfill_portal.execution.transitions import run_transition
+from backfill_portal.execution.transitions import run_transition, runs_transition
 from backfill_portal.backends import PublishConflict, get_warehouse
 from backfill_portal.catalog.specs import spec_for
 from backfill_portal.warehouse.models import Consumption, Publication, Version
@@ -147,6 +147,35 @@ def verification_verdict(run: Run, fence: dict, checks: list, warehouse) -> tupl
         logger.warning("verification of %s was reclaimed meanwhile; its result is refused", run.run_id)
         return "fenced", None
     return S.VERIFIED, current
+
+
+def verification_verdicts(checked: list[tuple[Run, dict, list]], warehouse) -> list[tuple[Run, str | None]]:
+    """`verification_verdict` for several runs whose checks all passed and which
+    publish without a second rerun (a bundle's fifth step): their results in one
+    INSERT, the runs verified by one UPDATE, each with the audit row it gets alone;
+    returns each run with the pointer read for its compare-and-set. All or nothing,
+    inside the caller's savepoint: ConflictError when any verification was reclaimed;
+    ValueError for a run that needs more than that (each then goes through
+    `verification_verdict` alone)."""
+    if any(c.blocking and not c.passed for _, _, checks in checked for c in checks) or any(
+            _needs_second_rerun(run) for run, _, _ in checked):
+        raise ValueError("a verdict other than verified: each run alone")
+    now = timezone.now()
+    again = [run.pk for run, fence, _ in checked if fence["verify_token"] > 1]
+    if again:
+        CheckResult.objects.filter(run_id__in=again).delete()  # an earlier verification's results
+    CheckResult.objects.bulk_create([
+        CheckResult(run=run, name=c.name, blocking=c.blocking, passed=c.passed, observed=c.observed,
+                    message=c.message, checked_at=now) for run, _, checks in checked for c in checks])
+    fences = {run.pk: fence for run, fence, _ in checked}
+    summaries = {run.pk: {c.name: c.passed for c in checks} for run, _, checks in checked}
+    runs = [run for run, _, _ in checked]
+    pointers = warehouse.current_many(runs[0].job.dataset.name, [run.partition_key for run in runs])  # one job's
+    current = {run.pk: pointers.get(run.partition_key) for run in runs}
+    runs_transition(runs, to=S.VERIFIED, expect=lambda run: fences[run.pk],
+                    data=lambda run: {"checks": summaries[run.pk]},
+                    updates={"expected_previous_run_id": lambda run: current[run.pk] or ""})
+    return [(run, current[run.pk]) for run in runs]
 
 
 def verification_claim(run: Run) -> dict | None:
@@ -284,6 +313,40 @@ def publish_record(run: Run, *, actor, dispatch: bool = True) -> str:
                 dispatch_after_publication(run.request_id)
     logger.info("published %s/%s (previous %s)", dataset.name, run.partition_key, expected)
     return "published"
+
+
+def publish_records(runs: list[Run]) -> None:
+    """`publish_record` (by the system, without its dispatch) for several runs of one
+    request's job whose pointers were switched (a bundle's sixth step): the runs
+    published and their predecessors superseded, one UPDATE per edge; their
+    Publication rows in one INSERT; their intervals published by one UPDATE; each with
+    the audit rows it gets alone. All or nothing, inside the caller's savepoint:
+    ConflictError when any row moved on (each then goes through `publish_record` alone)."""
+    now = timezone.now()
+    dispatch_serialise()  # before the audit chain's lock, as publish_record takes them
+    versions = {version.run_id: version for version in Version.objects.filter(run__in=runs)}
+    expected = {run.pk: run.expected_previous_run_id or None for run in runs}
+    previous = {version.run.run_id: version for version in Version.objects.filter(
+        run__run_id__in=[e for e in expected.values() if e]).select_related("run")}
+    successor = {}
+    for run in runs:
+        version = previous.get(expected[run.pk])
+        if version is not None:
+            version.run.job = run.job  # the same dataset's version, so the same job's
+            successor[version.run.pk] = run
+    runs_transition([version.run for version in previous.values() if version.run.status == S.PUBLISHED],
+                    to=S.SUPERSEDED, reason=lambda old: f"superseded by {successor[old.pk].run_id}")
+    runs_transition(runs, to=S.PUBLISHED, updates={"finished_at": now},
+                    data=lambda run: {"previous": expected[run.pk], "row_count": versions[run.pk].row_count})
+    Publication.objects.bulk_create([
+        Publication(dataset=run.job.dataset, partition_key=run.partition_key, version=versions[run.pk],
+                    previous_version=previous.get(expected[run.pk]), action=Publication.Action.PUBLISH,
+                    actor=None, request=run.request, published_at=now) for run in runs])
+    run_of = {run.interval_id: run for run in runs if run.interval_id}
+    for run in run_of.values():
+        run.interval.request = run.request
+    intervals_transition([run.interval for run in run_of.values()], to=I.PUBLISHED,
+                         data=lambda interval: {"run_id": run_of[interval.pk].run_id})
 
 
 def dispatch_after_publication(request_id: int) -> None:
