@@ -39,8 +39,12 @@ class RowCountBaseline(VerificationCheck):
         rows, tol = ctx.profile.row_count, ctx.tolerances
         # The baseline the version was staged against (Version.baseline_rows, taken when
         # it was recorded: execution/anomalies.py), or the trailing median now for a
-        # version recorded without one.
-        staged = Version.objects.filter(run=ctx.run).values_list("baseline_rows", flat=True).first()
+        # version recorded without one. Read through the run (a bundle prefetches its
+        # runs' versions in one query).
+        try:
+            staged = ctx.run.version.baseline_rows
+        except Version.DoesNotExist:
+            staged = None
         baseline = staged if staged is not None else trailing_baseline(ctx.run)
         band = float(tol.get("row_band", DEFAULT_ROW_BAND))
         if baseline:

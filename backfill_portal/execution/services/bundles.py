@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, prefetch_related_objects
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus as R
@@ -154,6 +154,7 @@ def _verify(staged: list[tuple[Run, dict]], results: dict[str, str]) -> list[tup
     if not staged:
         return []
     warehouse = get_warehouse()
+    prefetch_related_objects([run for run, _ in staged], "version")  # what the row-count check reads
     checked = []
     with _VerificationsHeartbeat(staged, staged[0][0].job.heartbeat_timeout_seconds / 4):
         for run, fence in staged:
