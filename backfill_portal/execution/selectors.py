@@ -6,8 +6,8 @@ from datetime import datetime, timedelta
 from functools import cache
 
 from django.conf import settings
-from django.db.models import DateTimeField, Exists, F, Max, OuterRef, QuerySet, Subquery
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import Count, DateTimeField, F, Max, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce, Greatest, Substr
 from django.utils import timezone
 
 from backfill_portal.backends import get_warehouse
@@ -32,18 +32,44 @@ def run_get(run_id: str) -> Run | None:
                      .filter(run_id=run_id).order_by()), None)
 
 
+def intervals_rolled_back(request, *, job_id: int | None = None, within: str = "") -> QuerySet[Interval]:
+    """The request's published intervals whose version was rolled back since: the run
+    that published one is `rolled_back` now. An interval's lifecycle ends at published,
+    and a rollback marks the run, not the interval; should that run be published again
+    (the run lifecycle's rolled_back -> published edge), its interval is no longer one
+    of these. `job_id` and `within` (a partition-key prefix) narrow it as in
+    `interval_cells`. Read from the rolled-back runs (the run's request index): a
+    request that was never rolled back costs one empty index range."""
+    runs = Run.objects.filter(request=request, status=RunStatus.ROLLED_BACK, interval__isnull=False)
+    qs = Interval.objects.filter(request=request, status=IntervalStatus.PUBLISHED, pk__in=runs.values("interval_id"))
+    if job_id is not None:
+        qs = qs.filter(job_id=job_id)
+    if within:
+        qs = qs.filter(partition_key__startswith=within)
+    return qs
+
+
+def intervals_rolled_back_counts(request, *, key_prefix: int, job_id: int | None = None,
+                                 within: str = "") -> list[tuple[int, str, int]]:
+    """`intervals_rolled_back` counted per (job, bucket), a bucket being the first
+    `key_prefix` characters of the partition key, as `backfills.selectors.interval_counts`
+    buckets every interval: [(job_id, bucket, count)]. One GROUP BY."""
+    rows = (intervals_rolled_back(request, job_id=job_id, within=within).order_by()
+            .annotate(bucket=Substr("partition_key", 1, key_prefix)).values_list("job_id", "bucket")
+            .annotate(n=Count("id")))
+    return list(rows)
+
+
 def progress_with_rollbacks(request, counts: dict[str, int]) -> dict[str, int]:
     """The request's interval counts by status (`backfills.selectors.request_progress`
     or the calendar's) with its published intervals whose version was since rolled back
-    counted apart, as `rolled_back`, and no longer as `published`: an interval's
-    lifecycle ends at published, and the rollback marks the run that published it
-    (run -> rolled_back), not the interval. No query when nothing was published."""
+    (`intervals_rolled_back`) counted apart, as `rolled_back`, and no longer as
+    `published`. No query when nothing was published, nor when `counts` already holds
+    `rolled_back` (the calendar counts them as it draws their cells)."""
+    if "rolled_back" in counts:
+        return counts
     published = counts.get(IntervalStatus.PUBLISHED) or 0
-    rolled_back = 0
-    if published:
-        rolled_back = (Interval.objects.filter(request=request, status=IntervalStatus.PUBLISHED)
-                       .filter(Exists(Run.objects.filter(interval=OuterRef("pk"), status=RunStatus.ROLLED_BACK)))
-                       .count())
+    rolled_back = intervals_rolled_back(request).count() if published else 0
     return {**counts, IntervalStatus.PUBLISHED.value: published - rolled_back, "rolled_back": rolled_back}
 
 

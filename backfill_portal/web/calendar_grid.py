@@ -11,6 +11,12 @@ Three layouts, chosen by size:
   month (daily) or year (monthly) from one GROUP BY, laid out as month x day, year x
   month or decade x year, and links to the calendar of that bucket alone.
 
+A published interval whose version was rolled back since (the run that published it is
+`rolled_back`: execution.selectors.intervals_rolled_back) is drawn as "rolled back", not
+published, struck through so that it is told apart without its colour; its counts
+leave `published` for `rolled_back`, as the progress bar's do (one more query, only
+when something was published).
+
 The cells are built in Python, not in a template loop: a 26,280-interval request has
 over a thousand of them, and a template loop's per-item cost dominates the page at that
 size (docs/performance.md). Every value is escaped with the standard library's escape,
@@ -30,14 +36,18 @@ from backfill_portal.backfills.selectors import interval_counts
 from backfill_portal.catalog.calendar import offset_matters
 from backfill_portal.catalog.lineage import LineageGraph
 from backfill_portal.catalog.models import Job
-from backfill_portal.execution.selectors import interval_cells
+from backfill_portal.execution.selectors import interval_cells, intervals_rolled_back, intervals_rolled_back_counts
 
 CALENDAR_MAX_CELLS = 2000
 STRIP_MAX_COLUMNS = 400
 # Django's Choices.values builds a new list on every access: read it once.
 INTERVAL_STATES = tuple(IntervalStatus.values)
-LEGEND = (("published", "published"), ("running", "running"), ("queued", "queued"), ("failed", "failed"),
-          ("skipped", "skipped"), ("cancelled", "cancelled"), ("planned", "planned (no run yet)"))
+# Not an interval state: a published interval whose version was rolled back since.
+ROLLED_BACK = "rolled_back"
+CELL_STATES = (*INTERVAL_STATES, ROLLED_BACK)
+LEGEND = (("published", "published"), (ROLLED_BACK, "rolled back (published, then withdrawn)"),
+          ("running", "running"), ("queued", "queued"), ("failed", "failed"), ("skipped", "skipped"),
+          ("cancelled", "cancelled"), ("planned", "planned (no run yet)"))
 BUCKET_LEGEND = (("partial", "partly published"),)
 
 # Per grain: (row label, its key slice; column label, its key slice, the columns).
@@ -73,7 +83,7 @@ class Calendar:
     unit: str = ""  # what one cell counts, in buckets mode
     within: str = ""
     job: str = ""
-    counts: dict[str, int] = field(default_factory=dict)  # interval states counted, and "total"
+    counts: dict[str, int] = field(default_factory=dict)  # interval states and rolled_back counted, and "total"
     legend: tuple = LEGEND
 
     @property
@@ -137,6 +147,11 @@ def _run_href() -> str:
     return reverse("run-detail", args=["RUN"]).replace("RUN", "{}")
 
 
+def _said(state: str) -> str:
+    """A cell state as a title says it (rolled_back: "rolled back")."""
+    return state.replace("_", " ")
+
+
 def _cell(state: str, title: str, href: str | None) -> str:
     state, title = escape(state), escape(title)
     if href is None:
@@ -145,14 +160,28 @@ def _cell(state: str, title: str, href: str | None) -> str:
 
 
 def _count(rows_by_state: dict[str, int]) -> dict[str, int]:
-    counts = dict.fromkeys(INTERVAL_STATES, 0)
+    counts = dict.fromkeys(CELL_STATES, 0)
     for state, n in rows_by_state.items():
         counts[state] = counts.get(state, 0) + n
     counts["total"] = sum(rows_by_state.values())
     return counts
 
 
+def _with_rollbacks(req, rows, *, job, within) -> list[tuple[int, str, str, str | None]]:
+    """`rows` with the state of each published interval whose version was rolled back
+    since read as rolled_back (no query when nothing was published)."""
+    if not any(state == IntervalStatus.PUBLISHED for _, _, state, _ in rows):
+        return rows
+    rolled = set(intervals_rolled_back(req, job_id=job.pk if job is not None else None, within=within)
+                 .values_list("job_id", "partition_key"))
+    if not rolled:
+        return rows
+    return [(job_id, key, ROLLED_BACK if (job_id, key) in rolled else state, run_id)
+            for job_id, key, state, run_id in rows]
+
+
 def _per_partition(req, rows, names, grains, zones, order, *, job, within) -> Calendar:
+    rows = _with_rollbacks(req, rows, job=job, within=within)
     by_state: dict[str, int] = {}
     for _, _, state, _ in rows:
         by_state[state] = by_state.get(state, 0) + 1
@@ -176,7 +205,7 @@ def _per_partition(req, rows, names, grains, zones, order, *, job, within) -> Ca
         grouped: dict[str, dict[str, list[str]]] = {}
         offsets: dict[str, list[str]] = {}
         for key, state, run_id in per_job[pk]:
-            cell = _cell(state, f"{row.job} {key}: {state}" + (f" ({run_id})" if run_id else ""),
+            cell = _cell(state, f"{row.job} {key}: {_said(state)}" + (f" ({run_id})" if run_id else ""),
                          href.format(run_id) if run_id else None)
             grouped.setdefault(key[row_slice], {}).setdefault(key[col_slice], []).append(cell)
             if len(key) > 16:
@@ -244,7 +273,7 @@ def _strip_html(ordered, per_job, href, offset_shown=frozenset()) -> SafeString:
     for pk, row in ordered:
         cells = ['<td class="c none"></td>'] * len(keys)
         for key, state, run_id in per_job[pk]:
-            cells[index[key]] = _cell(state, f"{row.job} {key}: {state}" + (f" ({run_id})" if run_id else ""),
+            cells[index[key]] = _cell(state, f"{row.job} {key}: {_said(state)}" + (f" ({run_id})" if run_id else ""),
                                       href.format(run_id) if run_id else None)
         body.append(f'<tr><th scope="row" class="cal-job">{_job_label(row)}</th>{"".join(cells)}</tr>')
     return mark_safe(head + "<tbody>" + "".join(body) + "</tbody>")
@@ -283,7 +312,7 @@ def _matrix_block(row: CalendarRow, row_axis: str, column_axis: str, columns: li
 
 def bucket_state(counts: dict[str, int], total: int) -> str:
     """The state that most needs attention colours a bucket."""
-    for state in ("failed", "running", "queued"):
+    for state in ("failed", "running", "queued", ROLLED_BACK):
         if counts.get(state):
             return state
     if counts.get("published", 0) == total:
@@ -298,7 +327,14 @@ def bucket_state(counts: dict[str, int], total: int) -> str:
 
 def _buckets(req, rows, names, grains, order, *, job, within) -> Calendar:
     """rows: (job_id, local-day prefix, status, count) from one GROUP BY; re-bucketed
-    here to each job's unit (a day of hourly partitions, a month of daily ones)."""
+    here to each job's unit (a day of hourly partitions, a month of daily ones). The
+    rolled-back ones leave published for rolled_back, counted by a second GROUP BY
+    when something was published."""
+    if any(state == IntervalStatus.PUBLISHED for _, _, state, _ in rows):
+        rolled = intervals_rolled_back_counts(req, key_prefix=10, job_id=job.pk if job is not None else None,
+                                              within=within)
+        rows = [*rows, *((job_id, day, state, sign * n) for job_id, day, n in rolled
+                         for state, sign in ((IntervalStatus.PUBLISHED.value, -1), (ROLLED_BACK, 1)))]
     per_job: dict[int, dict[str, dict[str, int]]] = {}
     by_state: dict[str, int] = {}
     for job_id, day, state, n in rows:
@@ -310,13 +346,13 @@ def _buckets(req, rows, names, grains, order, *, job, within) -> Calendar:
     base = reverse("request-calendar", args=[req.pk])
     parts, cells = [], 0
     unit = row_axis = column_axis = ""
-    states = INTERVAL_STATES
+    states = CELL_STATES
     for pk, row in ordered:
         _, unit, row_axis, row_slice, column_axis, col_slice, columns = _BUCKETS.get(grains.get(pk), _BUCKETS["day"])
         grouped: dict[str, dict[str, list[str]]] = {}
         for bucket, counts in per_job[pk].items():
             total = sum(counts.values())
-            summary = ", ".join(f"{counts[s]} {s}" for s in states if counts.get(s))
+            summary = ", ".join(f"{counts[s]} {_said(s)}" for s in states if counts.get(s))
             href = base + "?" + urlencode({"job": row.job, "within": bucket})
             grouped.setdefault(bucket[row_slice], {}).setdefault(bucket[col_slice], []).append(
                 _cell(bucket_state(counts, total), f"{row.job} {bucket}: {total} intervals, {summary}", href))
