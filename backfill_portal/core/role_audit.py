@@ -1,5 +1,6 @@
 """Audit rows for every change of a user's roles: group membership (roles are groups,
-core/roles.py) and the flags that grant power (`is_superuser`, `is_staff`, `is_active`).
+core/roles.py), the flags that grant power (`is_superuser`, `is_staff`, `is_active`),
+and the deletion of a user who held roles or of a group that is a role.
 
 Receivers, not a service, and on purpose: STYLE.md has the change's own service write
 its audit row, but roles change where no service of ours runs: Django's admin (the user
@@ -7,7 +8,9 @@ and group change forms), `manage.py createsuperuser`, the demo loader, a shell's
 `user.groups.add(...)`. `m2m_changed` on `User.groups.through` and `pre_save`/`post_save`
 on the user are the one place all of those pass. Both directions of the relation are
 covered (`user.groups.add(g)` and `g.user_set.add(u)`), and add, remove, clear and
-`set()` (a remove then an add).
+`set()` (a remove then an add). A deletion sends no `m2m_changed` (Django deletes the
+memberships with the user or group), so `pre_delete` reads the roles before they go and
+`post_delete` writes the rows once the row is gone.
 
 Same transaction: Django sends `m2m_changed` inside the `atomic` block of the change
 itself, and `audit_record` joins it, so a change and its row commit together or not at
@@ -17,16 +20,25 @@ transaction (autocommit) has committed before `post_save` runs, and its row foll
 right after it: wrap such a save in `transaction.atomic()` to make them one.
 
 The actor is the signed-in user of the request being answered (`request_actor`, set by
-core.middleware.RequestActorMiddleware), else the system. Not covered: writes that
-send no signal (`QuerySet.update()` of the flags, rows written to the through table
-directly, a user or group deleted with its memberships).
+core.middleware.RequestActorMiddleware), else the system; an actor who deleted their
+own account is named only (core.roles.user_delete_record). Not covered: writes that send
+no signal (`QuerySet.update()` of the flags, rows written to the through table directly,
+`_raw_delete`), and a group renamed (a save of the group: a role group renamed takes
+its role from its members unrecorded; docs/security.md "Changes of roles").
 """
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 
 from backfill_portal.core.middleware import request_actor
-from backfill_portal.core.roles import FLAGS, user_flags_change_record, user_groups_change_record
+from backfill_portal.core.roles import (
+    FLAGS,
+    Role,
+    group_delete_record,
+    user_delete_record,
+    user_flags_change_record,
+    user_groups_change_record,
+)
 
 # What pre_save leaves on a user for post_save: nothing to compare (no flag saved).
 _UNCHANGED = object()
@@ -84,12 +96,44 @@ def on_user_post_save(sender, instance, created, raw, **kwargs) -> None:
     user_flags_change_record(actor=request_actor(), before=before, after=after, groups=groups)
 
 
+def on_user_pre_delete(sender, instance, **kwargs) -> None:
+    """Remember the roles a user about to be deleted holds (its memberships are deleted
+    with it, before post_delete)."""
+    instance.__dict__["_bp_deleted_state"] = _users_state({instance.pk}).get(instance.pk)
+
+
+def on_user_post_delete(sender, instance, **kwargs) -> None:
+    before = instance.__dict__.pop("_bp_deleted_state", None)
+    if before is not None:
+        user_delete_record(actor=request_actor(), before=before)
+
+
+def on_group_pre_delete(sender, instance, **kwargs) -> None:
+    """Remember the members of a role group about to be deleted, and their groups (a
+    group that is no role changes nobody's roles: nothing read)."""
+    if instance.name in Role.values:
+        members = get_user_model().objects.filter(groups=instance).values_list("pk", flat=True)
+        instance.__dict__["_bp_deleted_members"] = _users_state(set(members))
+
+
+def on_group_post_delete(sender, instance, **kwargs) -> None:
+    members = instance.__dict__.pop("_bp_deleted_members", None)
+    if members:
+        group_delete_record(actor=request_actor(), group=instance.name, members=members)
+
+
 def connect() -> None:
     """Called once, from CoreConfig.ready."""
-    from django.db.models.signals import m2m_changed, post_save, pre_save
+    from django.contrib.auth.models import Group
+    from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 
     user_model = get_user_model()
     m2m_changed.connect(on_groups_changed, sender=user_model.groups.through,
                         dispatch_uid="backfill_portal.core.audit_user_groups")
     pre_save.connect(on_user_pre_save, sender=user_model, dispatch_uid="backfill_portal.core.audit_user_flags_pre")
     post_save.connect(on_user_post_save, sender=user_model, dispatch_uid="backfill_portal.core.audit_user_flags_post")
+    pre_delete.connect(on_user_pre_delete, sender=user_model, dispatch_uid="backfill_portal.core.audit_user_delete_pre")
+    post_delete.connect(on_user_post_delete, sender=user_model,
+                        dispatch_uid="backfill_portal.core.audit_user_delete_post")
+    pre_delete.connect(on_group_pre_delete, sender=Group, dispatch_uid="backfill_portal.core.audit_group_delete_pre")
+    post_delete.connect(on_group_post_delete, sender=Group, dispatch_uid="backfill_portal.core.audit_group_delete_post")

@@ -7,6 +7,7 @@ PermissionDenied (HTTP 403).
 """
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.db import models, transaction
 
 from backfill_portal.core.errors import PermissionDenied
@@ -76,21 +77,57 @@ def roles_of(group_names, *, is_superuser: bool) -> list[str]:
     return sorted(roles)
 
 
-def user_groups_change_record(*, actor, before: dict, after: dict) -> None:
+def user_groups_change_record(*, actor, before: dict, after: dict, group_deleted: str = "") -> None:
     """One `user.roles` row: the user's groups before and after one change of them
     (`{"pk", "username", "is_superuser", "groups"}`), with the roles they amount to.
-    Nothing when the groups did not change."""
+    Nothing when the groups did not change. `group_deleted`: the change is the deletion
+    of that group (its memberships went with it)."""
     added, removed = sorted(after["groups"] - before["groups"]), sorted(before["groups"] - after["groups"])
     if not added and not removed:
         return
     said = "; ".join(part for part in (added and "added to " + ", ".join(added),
                                        removed and "removed from " + ", ".join(removed)) if part)
+    data = {"username": after["username"],
+            "roles_before": roles_of(before["groups"], is_superuser=before["is_superuser"]),
+            "roles_after": roles_of(after["groups"], is_superuser=after["is_superuser"]),
+            "groups_added": added, "groups_removed": removed}
+    if group_deleted:
+        said += f" (the group {group_deleted} was deleted)"
+        data["group_deleted"] = group_deleted
     audit_record(actor=actor, action="user.roles", object_type="user", object_id=after["pk"],
-                 reason=f"{after['username']}: {said}",
-                 data={"username": after["username"],
-                       "roles_before": roles_of(before["groups"], is_superuser=before["is_superuser"]),
-                       "roles_after": roles_of(after["groups"], is_superuser=after["is_superuser"]),
-                       "groups_added": added, "groups_removed": removed})
+                 reason=f"{after['username']}: {said}", data=data)
+
+
+def group_delete_record(*, actor, group: str, members: dict[int, dict]) -> None:
+    """One `user.roles` row per member of a deleted group that is a role, each losing
+    it (`members`: their state before, as for `user_groups_change_record`). Nothing for
+    a group that is not a role: nobody's roles change."""
+    if group not in Role.values:
+        return
+    for user_id in sorted(members):
+        before = members[user_id]
+        user_groups_change_record(actor=actor, before=before, after={**before, "groups": before["groups"] - {group}},
+                                  group_deleted=group)
+
+
+def user_delete_record(*, actor, before: dict) -> None:
+    """One `user.roles` row for a user deleted while holding roles (`before` as for
+    `user_groups_change_record`): every role goes. Nothing for a user without roles.
+
+    Written after the user's row is deleted, in the deletion's transaction. An actor
+    whose own row is gone by then (an admin deleting their own account, alone or among
+    others) is recorded by name only (`actor_name`, no `actor_id`): a row pointing at
+    the deleted user would break its foreign key, and the deletion would fail at commit."""
+    roles = roles_of(before["groups"], is_superuser=before["is_superuser"])
+    if not roles:
+        return
+    data = {"username": before["username"], "deleted": True, "roles_before": roles, "roles_after": [],
+            "groups_added": [], "groups_removed": sorted(before["groups"])}
+    actor_pk = getattr(actor, "pk", None)
+    if actor_pk is not None and not get_user_model().objects.filter(pk=actor_pk).exists():
+        actor, data["actor_deleted"] = actor.get_username(), True
+    audit_record(actor=actor, action="user.roles", object_type="user", object_id=before["pk"],
+                 reason=f"{before['username']}: deleted, with the roles {', '.join(roles)}", data=data)
 
 
 def user_flags_change_record(*, actor, before: dict | None, after: dict, groups) -> None:

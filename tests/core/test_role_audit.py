@@ -1,6 +1,7 @@
-"""Invariant 8 for roles: every change of a user's groups or power flags, through the
-ORM or the admin's change form, writes one audit row with the roles before and after,
-in the transaction of the change (core/role_audit.py)."""
+"""Invariant 8 for roles: every change of a user's groups or power flags, and every
+deletion of a user who held roles or of a group that is a role, through the ORM or the
+admin, writes one audit row per user with the roles before and after, in the
+transaction of the change (core/role_audit.py)."""
 from __future__ import annotations
 
 from unittest import mock
@@ -8,11 +9,12 @@ from unittest import mock
 import pytest
 from django.contrib.auth.models import Group, User
 from django.db import transaction
+from django.db.models import ProtectedError
 from django.test import Client
 
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.roles import Role, has_role
-from backfill_portal.core.services.audit import audit_verify
+from backfill_portal.core.services.audit import audit_record, audit_verify
 
 
 def events_since(last_id: int, action: str = "user.roles") -> list[AuditEvent]:
@@ -163,3 +165,131 @@ def test_admin_granting_superuser_in_the_change_form_is_audited(admin_client, au
                                    "is_staff": {"before": False, "after": True}}
     assert (event.data["roles_before"], event.data["roles_after"]) == (["auditor"], ["admin", "auditor"])
     assert events_since(since) == []  # the groups were posted unchanged
+
+
+# --- deletions: a user who held roles, a group that is a role ------------------------------------
+
+
+def test_deleting_a_user_with_roles_writes_one_row_naming_the_roles(olivia):
+    olivia.groups.add(Group.objects.create(name="analysts"))  # a group that is no role
+    since, pk = last_event_id(), olivia.pk
+    olivia.delete()
+    [event] = events_since(since)
+    assert (event.actor_id, event.actor_name, event.object_type, event.object_id) == (None, "system", "user", str(pk))
+    assert event.reason == "olivia: deleted, with the roles owner, requester"
+    assert (event.data["roles_before"], event.data["roles_after"]) == (["owner", "requester"], [])
+    assert event.data["groups_removed"] == ["analysts", "owner", "requester"] and event.data["deleted"] is True
+    assert audit_verify() == (AuditEvent.objects.count(), None)
+
+
+def test_deleting_a_user_without_roles_writes_nothing(personas):
+    staff = User.objects.create_user("stella", is_staff=True)  # staff, but no role
+    staff.groups.add(Group.objects.create(name="analysts"))
+    since = last_event_id()
+    personas["outsider"].delete()
+    staff.delete()
+    assert AuditEvent.objects.filter(pk__gt=since).count() == 0
+
+
+def test_deleting_a_role_group_writes_a_row_for_each_of_its_members(alice, oscar):
+    oncall = group(Role.ONCALL)
+    oncall.user_set.add(alice)
+    since = last_event_id()
+    oncall.delete()
+    rows = {event.object_id: event for event in events_since(since)}
+    assert set(rows) == {str(alice.pk), str(oscar.pk)}
+    assert (rows[str(alice.pk)].data["roles_before"], rows[str(alice.pk)].data["roles_after"]) == (
+        ["oncall", "requester"], ["requester"])
+    assert (rows[str(oscar.pk)].data["roles_before"], rows[str(oscar.pk)].data["roles_after"]) == (["oncall"], [])
+    event = rows[str(oscar.pk)]
+    assert event.reason == "oscar: removed from oncall (the group oncall was deleted)"
+    assert (event.data["groups_removed"], event.data["group_deleted"], event.actor_name) == (["oncall"], "oncall",
+                                                                                           "system")
+    assert not has_role(User.objects.get(pk=alice.pk), Role.ONCALL)
+
+
+def test_deleting_a_group_that_is_no_role_writes_nothing(alice, oscar):
+    analysts = Group.objects.create(name="analysts")
+    analysts.user_set.add(alice, oscar)
+    since = last_event_id()
+    analysts.delete()
+    assert AuditEvent.objects.filter(pk__gt=since).count() == 0
+
+
+def test_admin_deleting_a_user_in_the_admin_is_audited_with_the_admin_as_actor(admin_client, oscar, personas):
+    since = last_event_id()
+    response = admin_client.post(f"/admin/auth/user/{oscar.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302 and not User.objects.filter(pk=oscar.pk).exists()
+    [event] = events_since(since)
+    assert (event.actor_id, event.actor_name, event.data["roles_before"]) == (personas["admin"].pk, "admin", ["oncall"])
+    assert "actor_deleted" not in event.data
+
+
+@pytest.mark.django_db(transaction=True)  # the admin's transaction commits: its deferred checks run
+def test_admin_deleting_their_own_account_in_the_admin_is_audited_by_name(admin_client, personas):
+    admin = personas["admin"]
+    since = last_event_id()
+    page = admin_client.get(f"/admin/auth/user/{admin.pk}/delete/")
+    assert page.status_code == 200 and b"protected" not in page.content
+    response = admin_client.post(f"/admin/auth/user/{admin.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302 and not User.objects.filter(pk=admin.pk).exists()
+    [event] = events_since(since)
+    # Not pointing at the deleted user (which would fail the deletion): named only.
+    assert (event.actor_id, event.actor_name, event.object_id) == (None, "admin", str(admin.pk))
+    assert (event.data["roles_before"], event.data["roles_after"], event.data["actor_deleted"]) == (["admin"], [], True)
+    assert event.reason == "admin: deleted, with the roles admin"
+    assert audit_verify() == (AuditEvent.objects.count(), None)
+
+
+@pytest.mark.django_db(transaction=True)  # the admin's transaction commits: its deferred checks run
+def test_admin_deleting_themselves_among_others_names_themselves_on_every_row(admin_client, personas):
+    admin, oscar, outsider = personas["admin"], personas["oscar"], personas["outsider"]
+    since = last_event_id()
+    response = admin_client.post("/admin/auth/user/", {
+        "action": "delete_selected", "_selected_action": [admin.pk, oscar.pk, outsider.pk], "post": "yes"})
+    assert response.status_code == 302
+    assert not User.objects.filter(pk__in=[admin.pk, oscar.pk, outsider.pk]).exists()
+    events = events_since(since)
+    assert sorted(event.object_id for event in events) == sorted([str(admin.pk), str(oscar.pk)])  # outsider: no role
+    assert {(event.actor_id, event.actor_name) for event in events} == {(None, "admin")}
+
+
+def test_a_deletion_rolled_back_leaves_no_audit_row(olivia, oscar):
+    since, pk = last_event_id(), olivia.pk
+    with pytest.raises(RuntimeError), transaction.atomic():
+        olivia.delete()
+        group(Role.ONCALL).delete()
+        assert len(events_since(since)) == 2  # written with the deletions, inside their transaction
+        raise RuntimeError("the change fails after the deletions")
+    assert events_since(since) == []
+    assert User.objects.filter(pk=pk).exists() and has_role(User.objects.get(pk=oscar.pk), Role.ONCALL)
+
+
+def test_a_deletion_whose_audit_row_cannot_be_written_does_not_happen(olivia):
+    pk = olivia.pk
+    with mock.patch("backfill_portal.core.roles.audit_record", side_effect=RuntimeError("audit log unavailable")):
+        with pytest.raises(RuntimeError), transaction.atomic():
+            olivia.delete()
+    assert User.objects.filter(pk=pk).exists()
+
+
+def test_a_user_who_acted_in_the_audit_log_cannot_be_deleted_and_nothing_is_written(admin_client, oscar):
+    with transaction.atomic():
+        audit_record(actor=oscar, action="request.cancel", object_type="request", object_id=1)
+    since = last_event_id()
+    page = admin_client.get(f"/admin/auth/user/{oscar.pk}/delete/")
+    assert b"would require deleting the following protected related objects" in page.content
+    with pytest.raises(ProtectedError), transaction.atomic():
+        oscar.delete()
+    assert AuditEvent.objects.filter(pk__gt=since).count() == 0 and User.objects.filter(username="oscar").exists()
+
+
+def test_renaming_a_role_group_is_not_audited(oscar):
+    """The documented gap (docs/security.md "Changes of roles"): a save of a group sends
+    no membership signal, and a role is a group's name."""
+    since = last_event_id()
+    oncall = group(Role.ONCALL)
+    oncall.name = "oncall-old"
+    oncall.save()
+    assert not has_role(User.objects.get(pk=oscar.pk), Role.ONCALL)
+    assert AuditEvent.objects.filter(pk__gt=since).count() == 0
