@@ -102,9 +102,8 @@ rows were claimed; when none was, nothing changed and it stays usable).
                             field="status")
     values = {name: {i.pk: value(i) for i in instances} if callable(value) else value
               for name, value in (updates or {}).items()}
-    sql_values = {name: Case(*(When(pk=pk, then=Value(v, output_field=model._meta.get_field(name)))
-                                for pk, v in value.items()), output_field=model._meta.get_field(name))
-                  if isinstance(value, dict) else value for name, value in values.items()}
+    sql_values = {name: _one_or_case(model, name, value) if isinstance(value, dict) else value
+                  for name, value in values.items()}
     if expect is None:
         claimed_rows = model._base_manager.filter(pk__in=[i.pk for i in instances], status=current)
     else:
@@ -127,3 +126,13 @@ rows were claimed; when none was, nothing changed and it stays usable).
         instance.status = to
         for name, value in values.items():
             setattr(instance, name, value[instance.pk] if isinstance(value, dict) else value)
+
+
+def _one_or_case(model: type[models.Model], name: str, by_pk: dict):
+    """Each row's own value of `name`: one value when they all have the same (a
+    bundle's runs started at one instant), else one CASE on the primary key."""
+    first, *rest = by_pk.values()
+    if all(value == first for value in rest):
+        return first  # as a value given for all rows is written
+    field = model._meta.get_field(name)
+    return Case(*(When(pk=pk, then=Value(v, output_field=field)) for pk, v in by_pk.items()), output_field=field)

@@ -44,3 +44,33 @@ def test_a_row_that_moved_on_is_a_conflict_and_nothing_changes(alice, catalog):
     stored = BackfillRequest.objects.get(pk=request.pk)
     assert stored.status == RequestStatus.CANCELLED and stored.submitted_at is None
     assert AuditEvent.objects.count() == events
+
+
+def _drafts(alice, n):
+    return [BackfillRequest.objects.select_related("job__dataset").get(pk=backfill_request_create(
+        actor=alice, job="dwd_order_items", start="2022-10-01", end="2022-10-02", reason="late events")[0].pk)
+        for _ in range(n)]
+
+
+@pytest.mark.parametrize("overlaps", [[[3], [5], [7]], [[3], [3], [3]]], ids=["each its own", "all the same"])
+def test_several_rows_in_one_update_each_store_their_own_value_and_audit_once(alice, catalog, overlaps):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from backfill_portal.backfills.transitions import REQUEST_EDGES
+    from backfill_portal.core.transitions import apply_transitions
+
+    requests = _drafts(alice, 3)
+    given = {request.pk: value for request, value in zip(requests, overlaps)}
+    with CaptureQueriesContext(connection) as statements:
+        apply_transitions(instances=requests, to=RequestStatus.PENDING_APPROVAL, edges=REQUEST_EDGES, actor=alice,
+                          object_type="request", audit=lambda request: {"request_id": request.pk},
+                          updates={"submitted_at": AT, "overlaps": lambda request: given[request.pk]})
+    (update,) = [q["sql"] for q in statements.captured_queries if q["sql"].startswith('UPDATE "backfills_backfillrequest"')]
+    # One value for all when they agree; one CASE on the primary key when they differ.
+    assert ("CASE" in update) == (len({str(v) for v in overlaps}) > 1)
+    for request in BackfillRequest.objects.filter(pk__in=given):
+        assert (request.status, request.submitted_at, request.overlaps) == (
+            RequestStatus.PENDING_APPROVAL, AT, given[request.pk])
+    assert [r.overlaps for r in requests] == overlaps  # and in memory
+    assert AuditEvent.objects.filter(request_id__in=given, to_state=RequestStatus.PENDING_APPROVAL).count() == 3

@@ -16,8 +16,10 @@ transaction for every run in it:
    then record the publications and dispatch the request once.
 
 Each run keeps everything a run alone has: its own attempt, version, consumption,
-check results, publication, audit rows and lineage events, each step of it inside a
-savepoint of the shared transaction, so one run's lost race or failure changes
+check results, publication, audit rows and lineage events. A step takes all its runs
+with one statement per edge (`_all_or_each`); when one of them goes another way, the
+step's transaction rolls back and its runs are taken one by one, each inside a
+savepoint of the step's transaction, so one run's lost race or failure changes
 nothing of the others'. What goes wrong for one run goes the way it goes for a run
 alone: a failed attempt retries on its own (`attempt_fail`), a run whose verification
 could not run goes back to `staged`, a publish conflict fails the run. A worker that
@@ -115,8 +117,7 @@ def _claim_and_stage(runs: list[Run], worker: str, results: dict[str, str]) -> l
                 started.append((run, attempt))
         return started
 
-    with transaction.atomic(), audit_batch():
-        started = _all_or_each(lambda: list(zip(runs, attempts_start(runs, worker))), each, rows=_rows(runs))
+    started = _all_or_each(lambda: list(zip(runs, attempts_start(runs, worker))), each, rows=_rows(runs))
     if not started:
         return []
     warehouse = get_warehouse()
@@ -143,9 +144,8 @@ def _claim_and_stage(runs: list[Run], worker: str, results: dict[str, str]) -> l
                 results[run.run_id] = result
         return staged
 
-    with transaction.atomic(), audit_batch():
-        staged = _all_or_each(lambda: attempts_succeed(markers) or [run for run, _, _ in markers], each,
-                              rows=_rows([run for run, _, _ in markers]) + [attempt for _, attempt, _ in markers])
+    staged = _all_or_each(lambda: attempts_succeed(markers) or [run for run, _, _ in markers], each,
+                          rows=_rows([run for run, _, _ in markers]) + [attempt for _, attempt, _ in markers])
     return [(run, {"verify_token": run.verify_token}) for run in staged]
 
 
@@ -174,9 +174,8 @@ def _verify(staged: list[tuple[Run, dict]], results: dict[str, str]) -> list[tup
                 results[run.run_id] = result
         return verified
 
-    with transaction.atomic(), audit_batch():
-        return _all_or_each(lambda: verification_verdicts(checked, warehouse), each,
-                            rows=_rows([run for run, _, _ in checked]))
+    return _all_or_each(lambda: verification_verdicts(checked, warehouse), each,
+                        rows=_rows([run for run, _, _ in checked]))
 
 
 def _publish(verified: list[tuple[Run, str | None]], results: dict[str, str]) -> None:
@@ -214,28 +213,37 @@ def _publish(verified: list[tuple[Run, str | None]], results: dict[str, str]) ->
                             run.expected_previous_run_id or None)
             results[run.run_id] = "published"
 
-    with transaction.atomic(), audit_batch():
-        _all_or_each(all_, each, rows=_rows(switched))
+    def then(_):
         if any(results[run.run_id] == "published" for run in switched):
             dispatch_after_publication(switched[0].request_id)  # the slots the bundle freed, filled at once
 
+    _all_or_each(all_, each, rows=_rows(switched), then=then)
 
-def _all_or_each(together, each, *, rows: list):
-    """A step for the whole bundle at once (`together`: one statement per edge, inside a
-    savepoint), or, when any run does not simply go the common way (a run claimed
-    elsewhere, an attempt fenced, a check failed, anything raised), the savepoint rolled
-    back, the `rows` it had changed in memory put back as they were, and `each` run
-    taken alone, with a savepoint of its own."""
+
+def _all_or_each(together, each, *, rows: list, then=lambda result: None):
+    """A step for the whole bundle at once, in a transaction of its own with its audit
+    rows (`together`: one statement per edge), or, when any run does not simply go the
+    common way (a run claimed elsewhere, an attempt fenced, a check failed, anything
+    raised), that transaction rolled back, the `rows` it had changed in memory put back
+    as they were, and `each` run taken alone in another, with a savepoint of its own.
+    `then(result)`: what else the step's transaction holds, either way (no savepoint
+    around the common way: the transaction is the step's alone, so rolling it back
+    loses nothing else)."""
     saved = [(row, {f.attname: getattr(row, f.attname) for f in row._meta.concrete_fields}) for row in rows]
     try:
-        with transaction.atomic():
-            return together()
+        with transaction.atomic(), audit_batch():
+            result = together()
+            then(result)
+            return result
     except Exception as exc:
         for row, values in saved:
             for name, value in values.items():
                 setattr(row, name, value)
         logger.info("bundle step taken run by run: %s", exc)
-        return each()
+    with transaction.atomic(), audit_batch():
+        result = each()
+        then(result)
+        return result
 
 
 def _rows(runs: list[Run]) -> list:
