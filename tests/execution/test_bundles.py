@@ -266,6 +266,14 @@ def test_only_cheap_jobs_with_a_history_and_no_side_effects_are_bundled(personas
     assert bundle_size(request, job, queued=8) == 1
     job.has_side_effects, job.depends_on_past = False, True
     assert bundle_size(request, job, queued=8) == 1
+    job.depends_on_past = False
+    # Every gate raised for the cheap job: 40 at once is 20 a lane, which an
+    # EXECUTION_BUNDLE_SIZE of 16 (the default) caps.
+    settings.EXECUTION_BUNDLE_SIZE = 16
+    request.max_active_intervals = job.max_concurrent_runs = job.dataset.team.max_concurrent_runs = 40
+    job.pool.slots = 40 + job.pool.reserved_for_production
+    assert bundle_size(request, job, queued=40) == 16
+    assert bundle_size(request, job, queued=10) == 10
 
 
 def test_a_bundles_lines_each_name_the_run_they_are_about_and_its_last_line_none(personas, ready, json_lines):
