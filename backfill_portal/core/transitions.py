@@ -104,12 +104,15 @@ rows were claimed; when none was, nothing changed and it stays usable).
               for name, value in (updates or {}).items()}
     sql_values = {name: _one_or_case(model, name, value) if isinstance(value, dict) else value
                   for name, value in values.items()}
-    if expect is None:
-        claimed_rows = model._base_manager.filter(pk__in=[i.pk for i in instances], status=current)
+    expected = [expect(instance) for instance in instances] if expect is not None else []
+    if all(each == expected[0] for each in expected[1:]):
+        # Every row expects the same (or nothing): one IN list, not an OR a row.
+        claimed_rows = model._base_manager.filter(pk__in=[i.pk for i in instances], status=current,
+                                                  **(expected[0] if expected else {}))
     else:
         condition = Q()
-        for instance in instances:
-            condition |= Q(pk=instance.pk, **expect(instance))
+        for instance, each in zip(instances, expected):
+            condition |= Q(pk=instance.pk, **each)
         claimed_rows = model._base_manager.filter(condition, status=current)
     lost = ConflictError(f"{object_type}s changed while we were working on them; reload and try again",
                          field="status")

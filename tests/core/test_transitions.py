@@ -74,3 +74,32 @@ def test_several_rows_in_one_update_each_store_their_own_value_and_audit_once(al
             RequestStatus.PENDING_APPROVAL, AT, given[request.pk])
     assert [r.overlaps for r in requests] == overlaps  # and in memory
     assert AuditEvent.objects.filter(request_id__in=given, to_state=RequestStatus.PENDING_APPROVAL).count() == 3
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["one expectation for all", "each its own"])
+def test_several_rows_move_only_if_each_still_holds_what_it_is_expected_to(alice, catalog, same):
+    from backfill_portal.backfills.transitions import REQUEST_EDGES
+    from backfill_portal.core.transitions import apply_transitions
+
+    requests = _drafts(alice, 2)
+    expected = {request.pk: {"reason": "late events" if same or i == 0 else "another reason"}
+                for i, request in enumerate(requests)}
+
+    def move():
+        apply_transitions(instances=requests, to=RequestStatus.CANCELLED, edges=REQUEST_EDGES, actor=alice,
+                          object_type="request", audit=lambda request: {"request_id": request.pk},
+                          expect=lambda request: expected[request.pk])
+
+    if same:
+        move()
+        assert set(BackfillRequest.objects.filter(pk__in=expected).values_list("status", flat=True)) == {
+            RequestStatus.CANCELLED}
+    else:
+        # The second row no longer holds what it is expected to: all or nothing.
+        from django.db import transaction
+
+        with pytest.raises(ConflictError), transaction.atomic():
+            move()
+        assert set(BackfillRequest.objects.filter(pk__in=expected).values_list("status", flat=True)) == {
+            RequestStatus.DRAFT}
+        assert not AuditEvent.objects.filter(request_id__in=expected, to_state=RequestStatus.CANCELLED).exists()

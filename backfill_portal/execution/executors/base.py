@@ -58,8 +58,13 @@ class PinnedInputs:
 def upstreams_of(job: Job) -> list[Dataset]:
     """The job's upstream datasets, fetched once per job object: a run renders its
     template, its reconciliation query and every custom check against them."""
-    prefetch_related_objects([job], "upstreams")
-    return list(job.upstreams.all())
+    upstreams = job.__dict__.get("_upstreams_of")
+    if upstreams is None:
+        # As Django's prefetch cache would keep them, without its lookups on every call
+        # (a bundle's runs ask several times each).
+        prefetch_related_objects([job], "upstreams")
+        upstreams = job.__dict__["_upstreams_of"] = tuple(job.upstreams.all())
+    return list(upstreams)
 
 
 def pins_recorded(run: Run) -> PinnedInputs | None:
