@@ -4,10 +4,10 @@ Redis (or AMQP) broker and the same worker processes, in one run, alternated.
 
 - The portal: a request over DAYS days of `dwd_page_views_hourly` (24 intervals a day,
   PAGE_VIEWS page views an hour in the source, MAX_ACTIVE_INTERVALS at once: the job's,
-  its team's and its pool's limits are set to let that many run), filed, approved and run by the worker
-  through the portal's whole path (dispatch, attempts, pins, staging with the marker,
-  verification checks, compare-and-set publication, audit rows, outbox), timed from
-  filing until every interval is published. The job's intervals are cheap, so once a
+  its team's and its pool's limits are set to let that many run), filed, approved and
+  run by the worker through the portal's whole path (dispatch, attempts, pins, staging
+  with the marker, verification checks, compare-and-set publication, audit rows,
+  outbox), timed from filing until every interval is published. The job's intervals are cheap, so once a
   warm-up day has shown it, they go in bundles (EXECUTION_BUNDLE_SIZE, as for any
   user; EXECUTION_BUNDLE_SIZE=1 in the environment measures each run alone).
 - Bare: one task per interval of the same hours (benchmarks/throughput_tasks.py), all
@@ -215,7 +215,8 @@ b = statistics.median(r[0] for r in bare_r)
 steady = statistics.median(r[2] / r[1] for r in portal_r)
 n_intervals = len(hours(FIRST)[2])
 print(f"{ROUNDS} rounds of {n_intervals} hourly intervals each side, {WORKERS} worker processes, "
-      f"{ACTIVE} intervals at once (the request's, job's, team's and pool's limits): portal {p:.1f} intervals/s, bare Celery {b:.1f}/s (medians); "
+      f"{ACTIVE} intervals at once (the request's, job's, team's and pool's limits): "
+      f"portal {p:.1f} intervals/s, bare Celery {b:.1f}/s (medians); "
       f"portal's last tenth / first tenth: {steady:.2f} (target >= 0.9)")
 print(f"ratio: {p / b:.2f} (portal intervals/s / bare Celery tasks doing the same warehouse statements, "
       f"{n_intervals} intervals of {JOB})")

@@ -39,6 +39,9 @@ from backfill_portal.catalog.models import Job
 from backfill_portal.execution.selectors import interval_cells, intervals_rolled_back, intervals_rolled_back_counts
 
 CALENDAR_MAX_CELLS = 2000
+# A bucket of the large calendars is a local day: the first 10 characters of a partition
+# key. The intervals and the rolled-back ones are counted by it alike.
+BUCKET_KEY_PREFIX = 10
 STRIP_MAX_COLUMNS = 400
 # Django's Choices.values builds a new list on every access: read it once.
 INTERVAL_STATES = tuple(IntervalStatus.values)
@@ -112,7 +115,7 @@ def request_calendar(req, *, total: int | None = None, job: Job | None = None, w
         rows = interval_cells(req, job_id=job_id, within=within, limit=CALENDAR_MAX_CELLS + 1)
         if len(rows) <= CALENDAR_MAX_CELLS:
             return _per_partition(req, rows, names, grains, zones, order, job=job, within=within)
-    counts = interval_counts(req, key_prefix=10, job_id=job_id, within=within)
+    counts = interval_counts(req, key_prefix=BUCKET_KEY_PREFIX, job_id=job_id, within=within)
     return _buckets(req, counts, names, grains, order, job=job, within=within)
 
 
@@ -331,8 +334,8 @@ def _buckets(req, rows, names, grains, order, *, job, within) -> Calendar:
     rolled-back ones leave published for rolled_back, counted by a second GROUP BY
     when something was published."""
     if any(state == IntervalStatus.PUBLISHED for _, _, state, _ in rows):
-        rolled = intervals_rolled_back_counts(req, key_prefix=10, job_id=job.pk if job is not None else None,
-                                              within=within)
+        rolled = intervals_rolled_back_counts(req, key_prefix=BUCKET_KEY_PREFIX,
+                                              job_id=job.pk if job is not None else None, within=within)
         rows = [*rows, *((job_id, day, state, sign * n) for job_id, day, n in rolled
                          for state, sign in ((IntervalStatus.PUBLISHED.value, -1), (ROLLED_BACK, 1)))]
     per_job: dict[int, dict[str, dict[str, int]]] = {}
