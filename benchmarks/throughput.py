@@ -3,18 +3,28 @@ bare Celery tasks doing the same warehouse statements, on the same PostgreSQL, t
 Redis (or AMQP) broker and the same worker processes, in one run, alternated.
 
 - The portal: a request over DAYS days of `dwd_page_views_hourly` (24 intervals a day,
-  PAGE_VIEWS page views an hour in the source, MAX_ACTIVE_INTERVALS at once: the job's,
-  its team's and its pool's limits are set to let that many run), filed, approved and
-  run by the worker through the portal's whole path (dispatch, attempts, pins, staging
-  with the marker, verification checks, compare-and-set publication, audit rows,
-  outbox), timed from filing until every interval is published. The job's intervals are cheap, so once a
+  PAGE_VIEWS page views an hour in the source), filed, approved and run by the worker
+  through the portal's whole path (dispatch, attempts, pins, staging with the marker,
+  verification checks, compare-and-set publication, audit rows, outbox), timed from
+  filing until every interval is published. The job's intervals are cheap, so once a
   warm-up day has shown it, they go in bundles (EXECUTION_BUNDLE_SIZE, as for any
   user; EXECUTION_BUNDLE_SIZE=1 in the environment measures each run alone).
 - Bare: one task per interval of the same hours (benchmarks/throughput_tasks.py), all
   sent at once, running the same warehouse statements through the same backend
   interface into a dataset of its own, and nothing of the portal's bookkeeping.
 
-Each round's two sides cover hours of their own (the same number), so no side reads or
+The gates: MAX_ACTIVE_INTERVALS (default 32) at once, the request's limit, with the
+job's, its team's and its pool's limits set to let that many run: what docs/deploy.md
+tells a team to set for a long request of cheap intervals. Bare Celery has no gate: it
+has every interval in flight at once. Both sides put the same load on the warehouse,
+one statement at a time per worker process (a bundle runs its intervals one after
+another): what the gates change is how many runs share a bundle's fixed cost (its
+task, its four step transactions, its dispatch), 16 on 2 worker processes at 32 at
+once. REFERENCE_ACTIVE (default 8, 0 for none) runs the portal at that many at once
+too, in each round, and prints its rate beside the ratio: bundles of 4 pay that fixed
+cost four times as often.
+
+Each round's sides cover hours of their own (the same number), so no side reads or
 publishes over the other's. Per side: intervals per second over the whole request, and
 over its first and its last tenth (by finish time) to show whether it slows down as the
 request goes on. WORKERS worker processes (default 2, as `make run` starts).
@@ -46,7 +56,8 @@ DAYS = int(os.environ.get("DAYS", "25"))
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
 WORKERS = int(os.environ.get("WORKERS", "2"))
 PAGE_VIEWS = int(os.environ.get("PAGE_VIEWS", "20"))
-ACTIVE = int(os.environ.get("MAX_ACTIVE_INTERVALS", "8"))
+ACTIVE = int(os.environ.get("MAX_ACTIVE_INTERVALS", "32"))
+REFERENCE = int(os.environ.get("REFERENCE_ACTIVE", "8"))
 FIRST = date(2022, 9, 1)
 JOB = "dwd_page_views_hourly"
 
@@ -88,19 +99,22 @@ from backfill_portal.web.demo.sources import load_demo_sources  # noqa: E402
 settings.DEBUG = False
 settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"  # the approval e-mails
 warehouse = get_warehouse()
-last_day = FIRST + timedelta(days=2 * DAYS * ROUNDS + 1)
+SIDES = 3 if REFERENCE else 2  # bare, the portal, the portal at REFERENCE at once
+last_day = FIRST + timedelta(days=SIDES * DAYS * ROUNDS + 1)
 t = time.perf_counter()
 load_demo_sources(warehouse, first=FIRST - timedelta(days=1), last=last_day + timedelta(days=1), orders_per_day=5,
                   page_views_per_hour=PAGE_VIEWS)
-print(f"PostgreSQL: source data for {2 * DAYS * ROUNDS + 2} days loaded in {time.perf_counter() - t:.1f}s "
+print(f"PostgreSQL: source data for {SIDES * DAYS * ROUNDS + 2} days loaded in {time.perf_counter() - t:.1f}s "
       f"({PAGE_VIEWS} page views an hour)")
 job = Job.objects.select_related("dataset__team", "pool").get(name=JOB)
 # The gates let the request's ACTIVE intervals run at once, as a team would set them for
 # a cheap hourly job (the demo's catalog lets it run 4, in a pool of 8 slots with 2 kept
-# for production): the job's limit, its team's and the pool's backfill slots.
-Job.objects.filter(pk=job.pk).update(max_concurrent_runs=ACTIVE)
-Team.objects.filter(pk=job.dataset.team_id, max_concurrent_runs__lt=ACTIVE).update(max_concurrent_runs=ACTIVE)
-Pool.objects.filter(pk=job.pool_id).update(slots=ACTIVE + job.pool.reserved_for_production)
+# for production): the job's limit, its team's and the pool's backfill slots. The
+# reference request's own limit holds it to REFERENCE.
+GATES = max(ACTIVE, REFERENCE)
+Job.objects.filter(pk=job.pk).update(max_concurrent_runs=GATES)
+Team.objects.filter(pk=job.dataset.team_id, max_concurrent_runs__lt=GATES).update(max_concurrent_runs=GATES)
+Pool.objects.filter(pk=job.pool_id).update(slots=GATES + job.pool.reserved_for_production)
 tz = job.dataset.timezone
 alice, olivia = User.objects.get(username="alice"), User.objects.get(username="olivia")
 admin = User.objects.get(username="admin")  # signs too past BACKFILL_ADMIN_APPROVAL_OVER intervals
@@ -126,13 +140,14 @@ def rates(started: float, finished: list[float]) -> tuple[float, float, float]:
     return whole, first, last
 
 
-def portal(first: date, days: int = DAYS) -> tuple[float, float, float]:
-    """File, approve and run a request over `days` days; until every interval is published."""
+def portal(first: date, days: int = DAYS, active: int = ACTIVE) -> tuple[float, float, float]:
+    """File, approve and run a request over `days` days, `active` intervals at once;
+    until every interval is published."""
     start, end, intervals = hours(first, days)
     with use_publisher(broker_publish):
         t0 = time.time()
         request, _ = backfill_request_create(actor=alice, job=JOB, start=start, end=end, reason="throughput benchmark",
-                                             max_active_intervals=ACTIVE)
+                                             max_active_intervals=active)
         backfill_request_submit(actor=alice, request_id=request.pk, confirm_overlap=True)
         backfill_request_decide(actor=olivia, request_id=request.pk, approve=True)
         if BackfillRequest.objects.get(pk=request.pk).status == "pending_approval":
@@ -195,7 +210,7 @@ def line(name: str, r: tuple[float, float, float]) -> str:
 
 
 worker = start_worker()
-portal_r, bare_r = [], []
+portal_r, bare_r, reference_r = [], [], []
 try:
     # A day of each first, untimed: the worker's processes import, connect and compile.
     bare(FIRST, 1)
@@ -206,7 +221,11 @@ try:
         day += timedelta(days=DAYS)
         portal_r.append(portal(day))
         day += timedelta(days=DAYS)
-        print(f"round {n + 1}: {line('bare', bare_r[-1])}; {line('portal', portal_r[-1])}", flush=True)
+        if REFERENCE:
+            reference_r.append(portal(day, active=REFERENCE))
+            day += timedelta(days=DAYS)
+        print(f"round {n + 1}: {line('bare', bare_r[-1])}; {line(f'portal at {ACTIVE} at once', portal_r[-1])}"
+              + (f"; {line(f'portal at {REFERENCE} at once', reference_r[-1])}" if REFERENCE else ""), flush=True)
 finally:
     stop_worker(worker)
 
@@ -218,5 +237,10 @@ print(f"{ROUNDS} rounds of {n_intervals} hourly intervals each side, {WORKERS} w
       f"{ACTIVE} intervals at once (the request's, job's, team's and pool's limits): "
       f"portal {p:.1f} intervals/s, bare Celery {b:.1f}/s (medians); "
       f"portal's last tenth / first tenth: {steady:.2f} (target >= 0.9)")
+if REFERENCE:
+    r = statistics.median(x[0] for x in reference_r)
+    size = min(settings.EXECUTION_BUNDLE_SIZE, REFERENCE // settings.EXECUTION_BUNDLE_LANES)
+    print(f"for reference, {REFERENCE} at once (bundles of {size}): portal {r:.1f} intervals/s, "
+          f"{r / b:.2f} of bare Celery")
 print(f"ratio: {p / b:.2f} (portal intervals/s / bare Celery tasks doing the same warehouse statements, "
       f"{n_intervals} intervals of {JOB})")
