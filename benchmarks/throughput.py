@@ -53,7 +53,7 @@ if not (os.environ.get("DATABASE_URL", "").startswith("postgres")
     raise SystemExit("throughput.py needs DATABASE_URL and WAREHOUSE_URL on PostgreSQL and a Redis CELERY_BROKER_URL")
 
 DAYS = int(os.environ.get("DAYS", "25"))
-ROUNDS = int(os.environ.get("ROUNDS", "2"))
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
 WORKERS = int(os.environ.get("WORKERS", "2"))
 PAGE_VIEWS = int(os.environ.get("PAGE_VIEWS", "20"))
 ACTIVE = int(os.environ.get("MAX_ACTIVE_INTERVALS", "32"))
