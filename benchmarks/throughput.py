@@ -83,7 +83,7 @@ from django.contrib.auth.models import User  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from backfill_portal.backends import get_warehouse  # noqa: E402
-from backfill_portal.backfills.models import BackfillRequest  # noqa: E402
+from backfill_portal.backfills.models import BackfillRequest, Reconciliation  # noqa: E402
 from backfill_portal.backfills.services.requests import (  # noqa: E402
     backfill_request_create,
     backfill_request_decide,
@@ -170,6 +170,14 @@ def portal(first: date, days: int = DAYS, active: int = ACTIVE) -> tuple[float, 
     finished = [f.timestamp() for f in Run.objects.filter(request=request, status="published")
                 .values_list("finished_at", flat=True)]
     assert len(finished) == len(intervals), (len(finished), len(intervals))
+    # Untimed: the request's reconciliation, which the worker computes once the last
+    # interval is published, ends before the next side starts, so that no side shares
+    # the workers with the work the one before it left.
+    deadline = time.time() + 300
+    while not Reconciliation.objects.filter(request_id=request.pk).exists():
+        if time.time() > deadline:
+            raise SystemExit(f"request {request.pk} was not reconciled within 5 minutes")
+        time.sleep(0.2)
     return rates(t0, finished)
 
 
