@@ -45,7 +45,7 @@ import time
 import uuid
 from datetime import UTC, date, datetime, timedelta
 
-from _setup import ROOT, scratch_db_name, scratch_django
+from _setup import ROOT, scratch_django, scratch_warehouse
 
 BROKER = os.environ.get("CELERY_BROKER_URL", "")
 if not (os.environ.get("DATABASE_URL", "").startswith("postgres")
@@ -62,19 +62,8 @@ FIRST = date(2022, 9, 1)
 JOB = "dwd_page_views_hourly"
 
 
-def scratch_warehouse() -> None:
-    """A fresh warehouse database beside the given one, as scratch_django makes the metadata's."""
-    import psycopg
-
-    base = os.environ["WAREHOUSE_URL"]
-    name = scratch_db_name("throughput", base)
-    with psycopg.connect(base.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    os.environ["WAREHOUSE_URL"] = base.rsplit("/", 1)[0] + "/" + name
-
-
-scratch_warehouse()
+# A fresh warehouse database beside the given one, as scratch_django makes the metadata's.
+os.environ["WAREHOUSE_URL"], _ = scratch_warehouse("throughput")
 scratch_django("throughput")
 
 import redis  # noqa: E402
