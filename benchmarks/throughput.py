@@ -83,6 +83,7 @@ from backfill_portal.catalog.models import Job, Pool, Team  # noqa: E402
 from backfill_portal.celery import app  # noqa: E402
 from backfill_portal.execution.models import Run  # noqa: E402
 from backfill_portal.execution.queue import BACKFILL_QUEUE, broker_publish, use_publisher  # noqa: E402
+from backfill_portal.execution.services.dispatch import bundle_size  # noqa: E402
 from backfill_portal.web.demo.sources import load_demo_sources  # noqa: E402
 
 settings.DEBUG = False
@@ -248,7 +249,9 @@ print(f"{ROUNDS} rounds of {n_intervals} hourly intervals each side, {WORKERS} w
       f"portal's last tenth / first tenth: {steady:.2f} (target >= 0.9)")
 if REFERENCE:
     r = statistics.median(x[0] for x in reference_r)
-    size = min(settings.EXECUTION_BUNDLE_SIZE, REFERENCE // settings.EXECUTION_BUNDLE_LANES)
+    # What dispatch sized the reference requests' bundles by (their job's gates as set above).
+    size = bundle_size(BackfillRequest.objects.filter(max_active_intervals=REFERENCE).latest("pk"),
+                       Job.objects.select_related("dataset__team", "pool").get(name=JOB), queued=REFERENCE)
     print(f"for reference, {REFERENCE} at once (bundles of {size}): portal {r:.1f} intervals/s, "
           f"{r / b:.2f} of bare Celery")
 print(f"ratio: {p / b:.2f} (portal intervals/s / bare Celery tasks doing the same warehouse statements, "
