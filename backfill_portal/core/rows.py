@@ -37,33 +37,52 @@ def insert_row(instance: models.Model, *, with_pk: bool = False) -> models.Model
     return instance
 
 
-# Rows per multi-row INSERT: SQLite allows 32,766 parameters (999 before 3.32).
-_ROWS_PER_INSERT = 50
-
-
 @functools.lru_cache(maxsize=64)
-def _insert_rows_statement(model: type[models.Model], vendor: str, rows: int) -> tuple[str, tuple]:
+def _insert_many_statement(model: type[models.Model], vendor: str, with_pk: bool,
+                           ignore_conflicts: bool) -> tuple[str, tuple]:
     meta, quote = model._meta, connection.ops.quote_name
-    fields = tuple(meta.concrete_fields)
-    one = f"({', '.join(['%s'] * len(fields))})"
+    fields = tuple(f for f in meta.concrete_fields if with_pk or not f.primary_key)
+    conflicts = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
     sql = (f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-           f"VALUES {', '.join([one] * rows)}")
+           f"VALUES ({', '.join(['%s'] * len(fields))}){conflicts}")
     return sql, fields
 
 
+def _insert_many(instances: list[models.Model], *, with_pk: bool, ignore_conflicts: bool) -> None:
+    """One statement of one row, executed for every instance in one call: psycopg
+    pipelines the rows in one round trip and, the statement being short and the same
+    every time, converts it once per process and prepares it on the server (a
+    multi-row INSERT of dozens of rows has hundreds of parameters, which psycopg
+    parses again on every execution: most of an audit batch's cost); SQLite compiles
+    it once."""
+    if not instances:
+        return
+    sql, fields = _insert_many_statement(type(instances[0]), connection.vendor, with_pk, ignore_conflicts)
+    rows = [[f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields] for instance in instances]
+    with connection.cursor() as cursor:
+        if len(rows) == 1:
+            cursor.execute(sql, rows[0])  # no pipeline to open and sync for one row
+        else:
+            cursor.executemany(sql, rows)
+    for instance in instances:
+        instance._state.adding = False
+        instance._state.db = connection.alias
+
+
 def insert_rows(instances: list[models.Model]) -> None:
-    """INSERT new instances of one model, each with the primary key it carries, in one
-    statement per 50 (never an update). Field defaults and `auto_now_add` are applied
-    by the fields, as in `insert_row`."""
-    for start in range(0, len(instances), _ROWS_PER_INSERT):
-        chunk = instances[start:start + _ROWS_PER_INSERT]
-        sql, fields = _insert_rows_statement(type(chunk[0]), connection.vendor, len(chunk))
-        params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for instance in chunk for f in fields]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-        for instance in chunk:
-            instance._state.adding = False
-            instance._state.db = connection.alias
+    """INSERT new instances of one model, each with the primary key it carries (never
+    an update), in one round trip. Field defaults and `auto_now_add` are applied by
+    the fields, as in `insert_row`."""
+    _insert_many(instances, with_pk=True, ignore_conflicts=False)
+
+
+def insert_new_rows(instances: list[models.Model], *, ignore_conflicts: bool = False) -> None:
+    """INSERT new instances of one model whose primary keys the database gives, in one
+    round trip, as `bulk_create` would (its `ignore_conflicts`: a row that breaks a
+    unique constraint is skipped; SQLite and PostgreSQL both take `ON CONFLICT DO
+    NOTHING`) but with a statement built once per process; the instances' primary keys
+    are not read back."""
+    _insert_many(instances, with_pk=False, ignore_conflicts=ignore_conflicts)
 
 
 def update_row(model: type[models.Model], pk, values: dict, *, where: dict) -> int:

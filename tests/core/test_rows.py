@@ -5,9 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from backfill_portal.core.rows import insert_row, update_row
+from backfill_portal.catalog.models import Team
+from backfill_portal.core.rows import insert_new_rows, insert_row, update_row
 from backfill_portal.execution.models import TaskOutbox
 
 pytestmark = pytest.mark.django_db
@@ -42,3 +45,27 @@ def test_update_row_changes_the_row_only_while_its_conditions_hold():
 
     stored = TaskOutbox.objects.get(pk=row.pk)
     assert (stored.sent_at, stored.queue, stored.args) == (first, "production", [7])
+
+
+def test_insert_new_rows_writes_every_row_with_its_defaults_by_one_statement_in_one_call():
+    before = timezone.now()
+    rows = [TaskOutbox(task=f"t{n}", args=[n]) for n in range(60)]  # more than one multi-row INSERT held
+    with CaptureQueriesContext(connection) as queries:
+        insert_new_rows(rows)
+    assert len(queries.captured_queries) == 1 and queries.captured_queries[0]["sql"].startswith("60 times: INSERT")
+    stored = list(TaskOutbox.objects.order_by("pk").values_list("task", "args", "queue", "created_at"))
+    assert [(task, args, queue) for task, args, queue, _ in stored] == [(f"t{n}", [n], "backfill") for n in range(60)]
+    assert all(created >= before for *_, created in stored)
+    assert not any(row._state.adding for row in rows)
+
+
+def test_insert_new_rows_ignoring_conflicts_skips_only_the_rows_a_unique_constraint_refuses():
+    Team.objects.create(name="core", max_concurrent_runs=3)
+    insert_new_rows([Team(name="core", max_concurrent_runs=9), Team(name="finance", max_concurrent_runs=5)],
+                    ignore_conflicts=True)
+    assert dict(Team.objects.values_list("name", "max_concurrent_runs")) == {"core": 3, "finance": 5}
+    with pytest.raises(IntegrityError), transaction.atomic():
+        insert_new_rows([Team(name="core", max_concurrent_runs=1)])
+    with pytest.raises(IntegrityError), transaction.atomic():  # not a unique conflict: refused, not skipped
+        insert_new_rows([Team(name="ops", max_concurrent_runs=None)], ignore_conflicts=True)
+    assert Team.objects.count() == 2

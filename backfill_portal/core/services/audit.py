@@ -122,8 +122,8 @@ def audit_record(
 
 
 def _append(events: list[AuditEvent]) -> None:
-    """Number, chain and sign `events` after the head, then write them in one INSERT
-    (per 50) and remember the last as the head. Runs inside the caller's transaction."""
+    """Number, chain and sign `events` after the head, then write them in one round
+    trip (core.rows.insert_rows) and remember the last as the head. Runs inside the caller's transaction."""
     key_id = settings.AUDIT_KEY_ID
     key = signing_key(key_id)
     prev_id, prev = _chain_head()
@@ -197,7 +197,7 @@ def _savepoints() -> tuple:
 
 @contextmanager
 def audit_batch():
-    """Write the audit events recorded in this block as one multi-row INSERT at its end,
+    """Write the audit events recorded in this block in one round trip at its end,
     with one chain lock and head read, instead of an INSERT (and, first in the
     transaction, a lock and a read) per event.
 

@@ -16,6 +16,7 @@ import jinja2
 from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
+from backfill_portal.core.rows import insert_new_rows
 from backfill_portal.backends import Marker, WarehouseBackend
 from backfill_portal.catalog.calendar import previous_partition
 from backfill_portal.catalog.lineage import covered_partition_keys
@@ -142,7 +143,7 @@ def pin_inputs(run: Run, warehouse: WarehouseBackend, *, first_attempt: bool = F
             pins.previous[prev_key] = prev_run
             version = Version.objects.filter(run__run_id=prev_run).first()
             records.append(Consumption(run=run, dataset=job.dataset, partition_key=prev_key, version=version, pinned_at=now))
-    Consumption.objects.bulk_create(records, ignore_conflicts=True)
+    insert_new_rows(records, ignore_conflicts=True)
     return pins
 
 

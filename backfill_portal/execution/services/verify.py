@@ -19,7 +19,7 @@ from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.transitions import interval_transition, intervals_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
-from backfill_portal.core.rows import insert_row
+from backfill_portal.core.rows import insert_new_rows, insert_row
 from backfill_portal.core.services.audit import audit_batch, audit_record
 from backfill_portal.execution.checks import run_checks
 from backfill_portal.execution.choices import RunStatus as S
@@ -164,9 +164,9 @@ def verification_verdicts(checked: list[tuple[Run, dict, list]], warehouse) -> l
     again = [run.pk for run, fence, _ in checked if fence["verify_token"] > 1]
     if again:
         CheckResult.objects.filter(run_id__in=again).delete()  # an earlier verification's results
-    CheckResult.objects.bulk_create([
-        CheckResult(run=run, name=c.name, blocking=c.blocking, passed=c.passed, observed=c.observed,
-                    message=c.message, checked_at=now) for run, _, checks in checked for c in checks])
+    results = [CheckResult(run=run, name=c.name, blocking=c.blocking, passed=c.passed, observed=c.observed,
+                           message=c.message, checked_at=now) for run, _, checks in checked for c in checks]
+    insert_new_rows(results)
     fences = {run.pk: fence for run, fence, _ in checked}
     summaries = {run.pk: {c.name: c.passed for c in checks} for run, _, checks in checked}
     runs = [run for run, _, _ in checked]
@@ -338,7 +338,7 @@ def publish_records(runs: list[Run]) -> None:
                     to=S.SUPERSEDED, reason=lambda old: f"superseded by {successor[old.pk].run_id}")
     runs_transition(runs, to=S.PUBLISHED, updates={"finished_at": now},
                     data=lambda run: {"previous": expected[run.pk], "row_count": versions[run.pk].row_count})
-    Publication.objects.bulk_create([
+    insert_new_rows([
         Publication(dataset=run.job.dataset, partition_key=run.partition_key, version=versions[run.pk],
                     previous_version=previous.get(expected[run.pk]), action=Publication.Action.PUBLISH,
                     actor=None, request=run.request, published_at=now) for run in runs])
