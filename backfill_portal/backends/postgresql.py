@@ -272,6 +272,21 @@ class PostgreSQLWarehouse(SqlWarehouse):
         table = self.version_table(spec, run_id)
         return table if self.table_exists(table) else spec.name
 
+    def _stored_columns(self, spec: DatasetSpec, run_id: str) -> dict[str, str]:
+        """`_columns_of(_stored_table(...))` in one round trip (verification reads it
+        for every run): the version's own table if there is one, else the dataset's."""
+        rows = self.query(
+            """SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
+            FROM pg_catalog.pg_attribute AS a
+            WHERE a.attrelid = COALESCE(
+                (SELECT c.oid FROM pg_catalog.pg_class AS c WHERE c.relname = ? AND c.relkind IN ('r', 'v', 'p')
+                 AND pg_catalog.pg_table_is_visible(c.oid)), to_regclass(?))
+            AND a.attnum > 0 AND NOT a.attisdropped
+            ORDER BY a.attnum""",
+            (self.version_table(spec, run_id), _quote(spec.name)),
+        )
+        return {name: kind for name, kind in rows}
+
     def _partition_key_of(self, name: str) -> str | None:
         """The column `<name>` holds a partition's key in: what it is partitioned on,
         or what its comment names (the "table" layout); None if it is neither."""

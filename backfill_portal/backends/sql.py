@@ -579,6 +579,10 @@ class SqlWarehouse(WarehouseBackend):
         with its `_run_id`: what tests and maintenance read a version's storage through."""
         return spec.versions_table
 
+    def _stored_columns(self, spec: DatasetSpec, run_id: str) -> dict[str, str]:
+        """The columns of the table that holds the version's rows (`_stored_table`)."""
+        return self._columns_of(self._stored_table(spec, run_id))
+
     def _stored_table(self, spec: DatasetSpec, run_id: str) -> str:
         """`version_table`, or a table of the dataset's where `_run_id = run_id` finds
         no rows if the version has no table of its own."""
@@ -807,7 +811,7 @@ class SqlWarehouse(WarehouseBackend):
         self._ensure_dataset_once(spec)
         marker = self._marker(run_id)
         numbers = (marker.numbers_for(spec) if marker else None) or self._numbers(spec, run_id)
-        present = self._columns_of(self._stored_table(spec, run_id))
+        present = self._stored_columns(spec, run_id)
         columns = []
         for name, physical in present.items():
             if name in BOOKKEEPING_COLUMNS:
