@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 
 @functools.lru_cache(maxsize=32)
@@ -27,8 +27,9 @@ def insert_row(instance: models.Model, *, with_pk: bool = False) -> models.Model
     """INSERT a new instance (never an update) and set its primary key (or, with_pk,
     insert the one it carries). Field defaults and `auto_now_add` are applied by the
     fields (`pre_save`), as `save()` does."""
-    sql, fields = _insert_statement(type(instance), connection.vendor, with_pk)
-    params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    conn = connections[DEFAULT_DB_ALIAS]  # `connection` is a proxy: one lookup, not one a field
+    sql, fields = _insert_statement(type(instance), conn.vendor, with_pk)
+    params = [f.get_db_prep_save(f.pre_save(instance, True), conn) for f in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         instance.pk = cursor.fetchone()[0]
@@ -57,8 +58,9 @@ def _insert_many(instances: list[models.Model], *, with_pk: bool, ignore_conflic
     it once."""
     if not instances:
         return
-    sql, fields = _insert_many_statement(type(instances[0]), connection.vendor, with_pk, ignore_conflicts)
-    rows = [[f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields] for instance in instances]
+    conn = connections[DEFAULT_DB_ALIAS]  # `connection` is a proxy: one lookup, not one a field
+    sql, fields = _insert_many_statement(type(instances[0]), conn.vendor, with_pk, ignore_conflicts)
+    rows = [[f.get_db_prep_save(f.pre_save(instance, True), conn) for f in fields] for instance in instances]
     with connection.cursor() as cursor:
         if len(rows) == 1:
             cursor.execute(sql, rows[0])  # no pipeline to open and sync for one row
