@@ -29,6 +29,12 @@ publishes over the other's. Per side: intervals per second over the whole reques
 over its first and its last tenth (by finish time) to show whether it slows down as the
 request goes on. WORKERS worker processes (default 2, as `make run` starts).
 
+Each side also counts the machine's busy CPU time (/proc/stat, every process: worker
+processes, PostgreSQL, Redis, this driver) from its start to its end, per interval,
+and the benchmark prints the medians and their ratio before the last line: what an
+interval costs on each path. On a shared host the rates move with the neighbours'
+load from one run to the next; the CPU an interval moves much less.
+
 Targets: ratio portal / bare >= 0.6 (printed last as `ratio:`); the portal's last tenth
 >= 0.9 of its first. Needs PostgreSQL (DATABASE_URL, WAREHOUSE_URL) and a Redis broker
 (CELERY_BROKER_URL); the metadata and the warehouse are scratch databases named after
@@ -130,6 +136,26 @@ def rates(started: float, finished: list[float]) -> tuple[float, float, float]:
     return whole, first, last
 
 
+def busy_cpu_seconds() -> float | None:
+    """CPU-seconds this machine has been busy since boot, every process together (the
+    worker processes, PostgreSQL's backends, Redis, this driver): user, nice, system,
+    irq and softirq time from /proc/stat; None where there is none. Between the start
+    and the end of a side, divided by its intervals: what an interval cost the machine,
+    a figure that time spent waiting for the CPU (another tenant of a shared host, the
+    other side's leftovers) does not inflate as it does a rate."""
+    try:
+        with open("/proc/stat") as stat:
+            user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in stat.readline().split()[1:8])
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_interval(before: float | None, intervals: int) -> float | None:
+    after = busy_cpu_seconds()
+    return None if before is None or after is None else (after - before) * 1000 / intervals
+
+
 def analyze() -> None:
     """Statistics for both databases before a timed side, as autovacuum keeps them on a
     running server: CI's PostgreSQL runs with autovacuum off, so the scratch databases'
@@ -140,12 +166,14 @@ def analyze() -> None:
     warehouse.execute("ANALYZE")
 
 
-def portal(first: date, days: int = DAYS, active: int = ACTIVE) -> tuple[float, float, float]:
+def portal(first: date, days: int = DAYS, active: int = ACTIVE) -> tuple[float, float, float, float | None]:
     """File, approve and run a request over `days` days, `active` intervals at once;
-    until every interval is published."""
+    until every interval is published. Its rates (`rates`) and its CPU milliseconds an
+    interval (`cpu_per_interval`)."""
     start, end, intervals = hours(first, days)
     analyze()
     with use_publisher(broker_publish):
+        cpu0 = busy_cpu_seconds()
         t0 = time.time()
         request, _ = backfill_request_create(actor=alice, job=JOB, start=start, end=end, reason="throughput benchmark",
                                              max_active_intervals=active)
@@ -156,6 +184,7 @@ def portal(first: date, days: int = DAYS, active: int = ACTIVE) -> tuple[float, 
         from _setup import wait_while_request_is
 
         now = wait_while_request_is(request.pk, interval=0.05)  # 50 ms: little of the worker's CPU
+        cpu = cpu_per_interval(cpu0, len(intervals))
     assert now == "reconciling", now
     finished = [f.timestamp() for f in Run.objects.filter(request=request, status="published")
                 .values_list("finished_at", flat=True)]
@@ -168,23 +197,26 @@ def portal(first: date, days: int = DAYS, active: int = ACTIVE) -> tuple[float, 
         if time.time() > deadline:
             raise SystemExit(f"request {request.pk} was not reconciled within 5 minutes")
         time.sleep(0.2)
-    return rates(t0, finished)
+    return (*rates(t0, finished), cpu)
 
 
-def bare(first: date, days: int = DAYS) -> tuple[float, float, float]:
-    """One bare task per interval of `days` days, all sent at once; until all have finished."""
+def bare(first: date, days: int = DAYS) -> tuple[float, float, float, float | None]:
+    """One bare task per interval of `days` days, all sent at once; until all have
+    finished. As `portal`: its rates and its CPU milliseconds an interval."""
     _, _, intervals = hours(first, days)
     analyze()
     key = f"bench:throughput:{uuid.uuid4().hex}"
+    cpu0 = busy_cpu_seconds()
     t0 = time.time()
     for iv in intervals:
         app.send_task("bench.bare_interval", queue=BACKFILL_QUEUE,
                       args=[f"bare-{uuid.uuid4().hex}", iv.partition_key, iv.start.isoformat(), iv.end.isoformat(), key])
     while done_list.llen(key) < len(intervals):
         time.sleep(0.05)
+    cpu = cpu_per_interval(cpu0, len(intervals))
     finished = [float(x) for x in done_list.lrange(key, 0, -1)]
     done_list.delete(key)
-    return rates(t0, finished)
+    return (*rates(t0, finished), cpu)
 
 
 def start_worker() -> subprocess.Popen:
@@ -215,8 +247,9 @@ def stop_worker(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def line(name: str, r: tuple[float, float, float]) -> str:
-    return f"{name} {r[0]:.1f}/s (first tenth {r[1]:.1f}/s, last tenth {r[2]:.1f}/s)"
+def line(name: str, r: tuple[float, float, float, float | None]) -> str:
+    cpu = f", {r[3]:.1f} CPU-ms an interval" if r[3] is not None else ""
+    return f"{name} {r[0]:.1f}/s (first tenth {r[1]:.1f}/s, last tenth {r[2]:.1f}/s{cpu})"
 
 
 worker = start_worker()
@@ -247,6 +280,11 @@ print(f"{ROUNDS} rounds of {n_intervals} hourly intervals each side, {WORKERS} w
       f"{ACTIVE} intervals at once (the request's, job's, team's and pool's limits): "
       f"portal {p:.1f} intervals/s, bare Celery {b:.1f}/s (medians); "
       f"portal's last tenth / first tenth: {steady:.2f} (target >= 0.9)")
+if all(r[3] is not None for r in portal_r + bare_r):
+    # The machine's busy CPU time an interval, every process counted: what the two
+    # paths cost, less disturbed than their rates by a host that is busy elsewhere.
+    pc, bc = statistics.median(r[3] for r in portal_r), statistics.median(r[3] for r in bare_r)
+    print(f"CPU an interval (medians): portal {pc:.1f} ms, bare Celery {bc:.1f} ms; bare / portal {bc / pc:.2f}")
 if REFERENCE:
     r = statistics.median(x[0] for x in reference_r)
     # What dispatch sized the reference requests' bundles by (their job's gates as set above).
