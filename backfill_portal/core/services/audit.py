@@ -123,7 +123,8 @@ def audit_record(
 
 def _append(events: list[AuditEvent]) -> None:
     """Number, chain and sign `events` after the head, then write them in one round
-    trip (core.rows.insert_rows) and remember the last as the head. Runs inside the caller's transaction."""
+    trip (core.rows.insert_rows) and remember the last as the head. Runs inside the
+    caller's transaction."""
     key_id = settings.AUDIT_KEY_ID
     key = signing_key(key_id)
     prev_id, prev = _chain_head()

@@ -16,13 +16,13 @@ import jinja2
 from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
-from backfill_portal.core.rows import insert_new_rows
 from backfill_portal.backends import Marker, WarehouseBackend
 from backfill_portal.catalog.calendar import previous_partition
 from backfill_portal.catalog.lineage import covered_partition_keys
 from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.catalog.specs import spec_for
 from backfill_portal.catalog.sqlcheck import TemplateError, check_template
+from backfill_portal.core.rows import insert_new_rows
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Run
 from backfill_portal.warehouse.models import Consumption, Version
