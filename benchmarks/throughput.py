@@ -27,7 +27,9 @@ cost four times as often.
 Each round's sides cover hours of their own (the same number), so no side reads or
 publishes over the other's. Per side: intervals per second over the whole request, and
 over its first and its last tenth (by finish time) to show whether it slows down as the
-request goes on. WORKERS worker processes (default 2, as `make run` starts).
+request goes on. WORKERS worker processes (default 2, as `make run` starts). ROUNDS
+rounds (default 5; the figures are their medians: on a shared host one side of a
+round can run a fifth slower than the same side of the next).
 
 Each side also counts the machine's busy CPU time (/proc/stat, every process: worker
 processes, PostgreSQL, Redis, this driver) from its start to its end, per interval,
@@ -59,7 +61,7 @@ if not (os.environ.get("DATABASE_URL", "").startswith("postgres")
     raise SystemExit("throughput.py needs DATABASE_URL and WAREHOUSE_URL on PostgreSQL and a Redis CELERY_BROKER_URL")
 
 DAYS = int(os.environ.get("DAYS", "25"))
-ROUNDS = int(os.environ.get("ROUNDS", "3"))
+ROUNDS = int(os.environ.get("ROUNDS", "5"))
 WORKERS = int(os.environ.get("WORKERS", "2"))
 PAGE_VIEWS = int(os.environ.get("PAGE_VIEWS", "20"))
 ACTIVE = int(os.environ.get("MAX_ACTIVE_INTERVALS", "32"))
