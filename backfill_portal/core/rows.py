@@ -14,12 +14,18 @@ import functools
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 
-@functools.lru_cache(maxsize=32)
-def _insert_statement(model: type[models.Model], vendor: str, with_pk: bool = False) -> tuple[str, tuple]:
+@functools.lru_cache(maxsize=64)
+def _insert_statement(model: type[models.Model], vendor: str, with_pk: bool, *, returning: bool = False,
+                      ignore_conflicts: bool = False) -> tuple[str, tuple]:
+    """The one-row INSERT of `model`'s concrete fields (its primary key too if
+    `with_pk`), returning the key or skipping a unique conflict if asked, and those
+    fields in the statement's order."""
     meta, quote = model._meta, connection.ops.quote_name
     fields = tuple(f for f in meta.concrete_fields if with_pk or not f.primary_key)
+    tail = (f" RETURNING {quote(meta.pk.column)}" if returning else "") + (
+        " ON CONFLICT DO NOTHING" if ignore_conflicts else "")
     sql = (f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-           f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {quote(meta.pk.column)}")
+           f"VALUES ({', '.join(['%s'] * len(fields))}){tail}")
     return sql, fields
 
 
@@ -28,25 +34,14 @@ def insert_row(instance: models.Model, *, with_pk: bool = False) -> models.Model
     insert the one it carries). Field defaults and `auto_now_add` are applied by the
     fields (`pre_save`), as `save()` does."""
     conn = connections[DEFAULT_DB_ALIAS]  # `connection` is a proxy: one lookup, not one a field
-    sql, fields = _insert_statement(type(instance), conn.vendor, with_pk)
+    sql, fields = _insert_statement(type(instance), conn.vendor, with_pk, returning=True)
     params = [f.get_db_prep_save(f.pre_save(instance, True), conn) for f in fields]
-    with connection.cursor() as cursor:
+    with conn.cursor() as cursor:
         cursor.execute(sql, params)
         instance.pk = cursor.fetchone()[0]
     instance._state.adding = False
-    instance._state.db = connection.alias
+    instance._state.db = conn.alias
     return instance
-
-
-@functools.lru_cache(maxsize=64)
-def _insert_many_statement(model: type[models.Model], vendor: str, with_pk: bool,
-                           ignore_conflicts: bool) -> tuple[str, tuple]:
-    meta, quote = model._meta, connection.ops.quote_name
-    fields = tuple(f for f in meta.concrete_fields if with_pk or not f.primary_key)
-    conflicts = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
-    sql = (f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-           f"VALUES ({', '.join(['%s'] * len(fields))}){conflicts}")
-    return sql, fields
 
 
 def _insert_many(instances: list[models.Model], *, with_pk: bool, ignore_conflicts: bool) -> None:
@@ -59,16 +54,16 @@ def _insert_many(instances: list[models.Model], *, with_pk: bool, ignore_conflic
     if not instances:
         return
     conn = connections[DEFAULT_DB_ALIAS]  # `connection` is a proxy: one lookup, not one a field
-    sql, fields = _insert_many_statement(type(instances[0]), conn.vendor, with_pk, ignore_conflicts)
+    sql, fields = _insert_statement(type(instances[0]), conn.vendor, with_pk, ignore_conflicts=ignore_conflicts)
     rows = [[f.get_db_prep_save(f.pre_save(instance, True), conn) for f in fields] for instance in instances]
-    with connection.cursor() as cursor:
+    with conn.cursor() as cursor:
         if len(rows) == 1:
             cursor.execute(sql, rows[0])  # no pipeline to open and sync for one row
         else:
             cursor.executemany(sql, rows)
     for instance in instances:
         instance._state.adding = False
-        instance._state.db = connection.alias
+        instance._state.db = conn.alias
 
 
 def insert_rows(instances: list[models.Model]) -> None:
