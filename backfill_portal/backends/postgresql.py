@@ -57,6 +57,12 @@ def _without_layout_option(url: str) -> tuple[str, list[str]]:
     return urlunsplit(parts._replace(query=kept)), given
 
 
+# The oid of the table or view named ? on the search path (`table_exists`): a same-named
+# one in another schema is not the one an unqualified statement would reach.
+_VISIBLE_TABLE = ("SELECT c.oid FROM pg_catalog.pg_class AS c WHERE c.relname = ? AND c.relkind IN ('r', 'v', 'p')"
+                  " AND pg_catalog.pg_table_is_visible(c.oid)")
+
+
 @register_backend("postgresql", "postgres", "pgsql")
 class PostgreSQLWarehouse(SqlWarehouse):
     dialect = "postgresql"
@@ -187,13 +193,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
     # -- the catalog ------------------------------------------------------------------
 
     def table_exists(self, name: str) -> bool:
-        # Only relations on the search path: a same-named table in another schema
-        # is not the one an unqualified statement would reach.
-        return bool(self.query(
-            "SELECT 1 FROM pg_catalog.pg_class WHERE relname = ? AND relkind IN ('r', 'v', 'p')"
-            " AND pg_catalog.pg_table_is_visible(oid)",
-            (name,),
-        ))
+        return bool(self.query(_VISIBLE_TABLE, (name,)))
 
     def _relation_kind(self, name: str) -> str | None:
         rows = self.query("SELECT relkind FROM pg_catalog.pg_class WHERE oid = to_regclass(?)", (_quote(name),))
@@ -202,15 +202,19 @@ class PostgreSQLWarehouse(SqlWarehouse):
         return "view" if rows[0][0] == "v" else "table"  # anything else in the way counts as a table
 
     def _columns_of(self, relation: str) -> dict[str, str]:
-        # pg_attribute rather than information_schema, whose views join far more than
-        # this needs; to_regclass resolves the name through the search path as a
-        # statement would.
+        # to_regclass resolves the name through the search path as a statement would.
+        return self._attributes("to_regclass(?)", (_quote(relation),))
+
+    def _attributes(self, relation_oid: str, params: tuple) -> dict[str, str]:
+        """{column: type} of the relation whose oid the SQL `relation_oid` gives (none
+        if NULL), in order: pg_attribute rather than information_schema, whose views
+        join far more than this needs."""
         rows = self.query(
-            """SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
+            f"""SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
             FROM pg_catalog.pg_attribute AS a
-            WHERE a.attrelid = to_regclass(?) AND a.attnum > 0 AND NOT a.attisdropped
+            WHERE a.attrelid = {relation_oid} AND a.attnum > 0 AND NOT a.attisdropped
             ORDER BY a.attnum""",
-            (_quote(relation),),
+            params,
         )
         return {name: kind for name, kind in rows}
 
@@ -275,17 +279,8 @@ class PostgreSQLWarehouse(SqlWarehouse):
     def _stored_columns(self, spec: DatasetSpec, run_id: str) -> dict[str, str]:
         """`_columns_of(_stored_table(...))` in one round trip (verification reads it
         for every run): the version's own table if there is one, else the dataset's."""
-        rows = self.query(
-            """SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)
-            FROM pg_catalog.pg_attribute AS a
-            WHERE a.attrelid = COALESCE(
-                (SELECT c.oid FROM pg_catalog.pg_class AS c WHERE c.relname = ? AND c.relkind IN ('r', 'v', 'p')
-                 AND pg_catalog.pg_table_is_visible(c.oid)), to_regclass(?))
-            AND a.attnum > 0 AND NOT a.attisdropped
-            ORDER BY a.attnum""",
-            (self.version_table(spec, run_id), _quote(spec.name)),
-        )
-        return {name: kind for name, kind in rows}
+        return self._attributes(f"COALESCE(({_VISIBLE_TABLE}), to_regclass(?))",
+                                (self.version_table(spec, run_id), _quote(spec.name)))
 
     def _partition_key_of(self, name: str) -> str | None:
         """The column `<name>` holds a partition's key in: what it is partitioned on,
