@@ -1,6 +1,6 @@
 """audit_batch: a transaction's audit events written by one INSERT at the end of the
-batch, executed for all of them in one round trip, chained and signed in Python, and still in the transaction of the change
-they record."""
+batch, executed for all of them in one round trip, chained and signed in Python, and
+still in the transaction of the change they record."""
 from __future__ import annotations
 
 import re
