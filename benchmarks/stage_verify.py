@@ -216,7 +216,7 @@ alice, olivia = User.objects.get(username="alice"), User.objects.get(username="o
 UNTIMED = {"backfills.reconcile_request"}
 spent: dict[str, list[float]] = {}  # task -> [wall seconds, warehouse SQL seconds]
 task_sql = [0.0]  # warehouse SQL seconds of the task running now
-statements = {"staging INSERT": 0.0, "source watermark": 0.0, "other warehouse SQL": 0.0}
+statements = {"staging write": 0.0, "source watermark": 0.0, "other warehouse SQL": 0.0}
 
 
 def observed(call, statement):
@@ -227,7 +227,8 @@ def observed(call, statement):
         took = time.perf_counter() - t0
         task_sql[0] += took
         reads_source = '"bench_events"' in statement
-        kind = ("staging INSERT" if reads_source and "INSERT" in statement.upper() else
+        writes = any(verb in statement.upper() for verb in ("INSERT", "CREATE TABLE"))  # PostgreSQL: CREATE TABLE AS
+        kind = ("staging write" if reads_source and writes else
                 "source watermark" if reads_source else "other warehouse SQL")
         statements[kind] += took
 

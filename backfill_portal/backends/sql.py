@@ -594,6 +594,10 @@ class SqlWarehouse(WarehouseBackend):
         them go."""
         self.execute(f'DELETE FROM {_quote(spec.versions_table)} WHERE "_run_id" = ?', (run_id,))
 
+    def _open_version(self, *, spec: DatasetSpec, run_id: str) -> None:
+        """Before `stage_rows` writes a run's rows: where they go is ready (here, the
+        versions table always is)."""
+
     def _written_columns(self, spec: DatasetSpec) -> tuple[str, ...]:
         """The columns the staging INSERT writes, in order: the declared ones, then
         the bookkeeping if the engine stores it per row (bound last)."""
@@ -762,6 +766,7 @@ class SqlWarehouse(WarehouseBackend):
         target = _quote(self.version_table(spec, run_id))
         with self.transaction():
             self._begin_stage(spec=spec, run_id=run_id, partition=partition, take_over=take_over)
+            self._open_version(spec=spec, run_id=run_id)
             batch: list[tuple] = []
             flush_at = time.monotonic() + FLUSH_SECONDS
             for row in rows:

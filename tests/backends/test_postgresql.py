@@ -2,6 +2,7 @@
 ever (advisory locks a retry may take over, the lock and idle-in-transaction timeouts)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from backfill_portal.backends import WarehouseLockTimeout, WarehouseUnavailable, make_warehouse
 from tests.backends.test_contract import (
     DAY,
+    NEXT_DAY,
     ORDERS,
     PROJECT_ROOT,
     count_version_rows,
@@ -105,6 +107,39 @@ def test_a_session_left_idle_in_a_transaction_is_ended_by_the_server(pg_wh_url):
             time.sleep(2.5)  # a client that stopped talking inside its transaction
             wh.query("SELECT 1")
     assert not wh.table_exists("idle_probe")  # rolled back by the server
+
+
+# -- a version made by its SELECT (CREATE TABLE ... AS) -----------------------------------
+
+@pytest.mark.postgres
+def test_a_version_made_by_its_select_has_the_reader_tables_columns_and_attaches(pg_wh_url):
+    """stage_select creates the version's table from the SELECT: a text the SELECT gives
+    in another collation, a number of a narrower type and a column the catalog no
+    longer declares still make the reader table's columns, so the publish attaches it
+    and readers see its rows."""
+    wh = make_warehouse(pg_wh_url)
+    source = stage(wh, "run-src", order_rows(30), partition=NEXT_DAY)
+    without_paid = dataclasses.replace(ORDERS, columns=tuple(c for c in ORDERS.columns if c.name != "paid"))
+    pinned = wh.ref_sql(spec=ORDERS, pins={NEXT_DAY: "run-src"})
+    marker = wh.stage_select(
+        spec=without_paid, run_id="run-1", attempt_no=1, partition=DAY,
+        select_sql=(f'SELECT order_id COLLATE "C" AS order_id, CAST(line_no AS smallint) AS line_no, '
+                    f"customer, amount, created_at, day FROM {pinned} AS s"))
+
+    table = wh.version_table(ORDERS, "run-1")
+    columns = wh.query("SELECT attname, format_type(atttypid, atttypmod), attcollation::regcollation::text "
+                       "FROM pg_attribute WHERE attrelid = to_regclass(?) AND attnum > 0 AND NOT attisdropped "
+                       "AND attname NOT LIKE '\\_%' ORDER BY attnum", (f'"{table}"',))
+    reader = wh.query("SELECT attname, format_type(atttypid, atttypmod), attcollation::regcollation::text "
+                      "FROM pg_attribute WHERE attrelid = 'orders'::regclass AND attnum > 0 AND NOT attisdropped "
+                      "AND attname NOT LIKE '\\_%' ORDER BY attnum")
+    assert [tuple(c) for c in columns] == [tuple(c) for c in reader]
+    assert marker.row_count == 30
+    publish(wh, "run-1", None)
+    rows = wh.query('SELECT order_id, line_no, paid FROM "orders" ORDER BY order_id, line_no')
+    assert [(r[0], r[1]) for r in rows] == sorted((r[0], r[1]) for r in order_rows(30))
+    assert {r[2] for r in rows} == {None}  # the column the SELECT did not give
+    assert source.row_count == 30
 
 
 # -- a publish beside long readers (issue #15) --------------------------------------------
