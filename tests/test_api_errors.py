@@ -240,6 +240,27 @@ def test_a_body_that_is_not_json_is_a_400_with_a_code(api, db):
         assert response.json()["detail"].startswith("JSON parse error")
 
 
+@pytest.mark.parametrize("depth", [33, 400, 5000])
+def test_a_body_nested_too_deep_is_a_400_not_a_500(api, db, depth):
+    """Python's JSON decoder recurses once a level: 5,000 levels exhaust the recursion
+    limit while decoding, 400 did so in the NUL check that walked the parsed body."""
+    nested = "[" * depth + "]" * depth
+    for client, path, body in ((Client(), "/api/auth/token/", nested),
+                               (api("alice"), "/api/requests/", '{"job": ' + nested + "}")):
+        response = client.post(path, data=body, content_type="application/json")
+        assert response.status_code == 400, (path, response.content)
+        assert response.json()["code"] == "parse_error"
+        assert "nested deeper than 32 levels" in response.json()["detail"]
+    assert not BackfillRequest.objects.exists()
+
+
+def test_a_body_nested_as_deep_as_allowed_is_parsed(api, db):
+    nested = "[" * 31 + "]" * 31  # 32 levels with the object around it
+    response = api("alice").post("/api/requests/", data='{"job": ' + nested + "}", content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["code"] != "parse_error", response.content  # refused by the serializer, not the parser
+
+
 def test_no_credentials_is_a_401_with_a_code(db):
     # DRF's NotAuthenticated answered {"detail"} alone, which the revoke endpoint's schema refuses.
     for path in ("/api/auth/token/revoke/", "/api/requests/1/cancel/"):
