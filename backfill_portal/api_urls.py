@@ -10,13 +10,13 @@ from backfill_portal.web.api.partitions import partition_detail, partition_rollb
 import backfill_portal.core.converters  # noqa: F401  (registers <dataset:…> and <partition:…>)
 
 router = DefaultRouter()
-router.register("datasets", DatasetViewSet, basename="dataset")
-router.register("jobs", JobViewSet, basename="job")
-router.register("requests", RequestViewSet, basename="request")
-router.register("runs", RunViewSet, basename="run")
-router.register("audit", AuditEventViewSet, basename="audit")
-router.register("approvals", ApprovalStepViewSet, basename="approval")
-router.register("handoffs", HandoffViewSet, basename="handoff")
+router.register("datasets", DatasetViewSet, basename="api-dataset")
+router.register("jobs", JobViewSet, basename="api-job")
+router.register("requests", RequestViewSet, basename="api-request")
+router.register("runs", RunViewSet, basename="api-run")
+router.register("audit", AuditEventViewSet, basename="api-audit")
+router.register("approvals", ApprovalStepViewSet, basename="api-approval")
+router.register("handoffs", HandoffViewSet, basename="api-handoff")
 
 urlpatterns = [
     path("auth/token/", TokenObtainView.as_view(), name="auth-token"),

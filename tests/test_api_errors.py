@@ -261,6 +261,19 @@ def test_a_body_nested_as_deep_as_allowed_is_parsed(api, db):
     assert response.json()["code"] != "parse_error", response.content  # refused by the serializer, not the parser
 
 
+def test_every_link_of_the_api_root_answers_json(api, db):
+    """The API's route names are its own: the pages' `request-list` and `run-list` once
+    took the root's links to the HTML pages."""
+    client = api("alice")
+    links = client.get("/api/").json()
+    assert {"requests", "runs", "datasets", "jobs", "audit", "approvals", "handoffs"} <= set(links)
+    for name, url in links.items():
+        assert "/api/" in url, (name, url)
+        response = client.get(url)
+        assert response.status_code == 200, (name, url)
+        assert response["Content-Type"].startswith("application/json"), (name, url)
+
+
 def test_no_credentials_is_a_401_with_a_code(db):
     # DRF's NotAuthenticated answered {"detail"} alone, which the revoke endpoint's schema refuses.
     for path in ("/api/auth/token/revoke/", "/api/requests/1/cancel/"):

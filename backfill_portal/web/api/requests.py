@@ -194,7 +194,7 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             body = RollbackSerializer(data=request.data)
             body.is_valid(raise_exception=True)
             state = rollback_service.request_rollback(actor=request.user, request_id=pk, **body.validated_data)
-        state["rebuild"] = reverse("request-rollback-rebuild", kwargs={"pk": pk}, request=request)
+        state["rebuild"] = reverse("api-request-rollback-rebuild", kwargs={"pk": pk}, request=request)
         return Response(state)
 
     @extend_schema(request=None, responses={201: RequestSerializer(many=True)},
