@@ -274,6 +274,18 @@ def test_every_link_of_the_api_root_answers_json(api, db):
         assert response["Content-Type"].startswith("application/json"), (name, url)
 
 
+@pytest.mark.parametrize(("field", "value", "where"), [("side_effects", [None], "side_effects.0"),
+                                                     ("exclude_stale", {"x": "y"}, "exclude_stale")])
+def test_a_nested_field_error_is_a_plain_message_naming_the_item(api, catalog, field, value, where):
+    body = {"job": "dwd_order_items", "start": "2022-10-01", "end": "2022-10-02", "reason": "r", field: value}
+    response = api("alice").post("/api/requests/", data=body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    detail = response.json()["detail"]
+    assert detail.startswith(where), detail
+    assert "ErrorDetail" not in detail and "{" not in detail, detail
+    assert not BackfillRequest.objects.exists()
+
+
 def test_no_credentials_is_a_401_with_a_code(db):
     # DRF's NotAuthenticated answered {"detail"} alone, which the revoke endpoint's schema refuses.
     for path in ("/api/auth/token/revoke/", "/api/requests/1/cancel/"):

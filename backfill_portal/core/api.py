@@ -34,14 +34,32 @@ def error_code(exc) -> str:
     return "error"
 
 
+def first_error(detail, path: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(where, message) of the first message in a serializer's errors, however nested:
+    a list field's errors are {index: [...]}, a list of objects' are [{}, {...}], so
+    the path names the item ("side_effects.0")."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            if value:
+                return first_error(value, (*path, str(key)))
+    elif isinstance(detail, list):
+        for index, value in enumerate(detail):
+            if isinstance(value, str):
+                return ".".join(path), str(value)
+            if value:
+                return first_error(value, (*path, str(index)))
+    elif detail:
+        return ".".join(path), str(detail)
+    return ".".join(path), "invalid"
+
+
 def exception_handler(exc, context):
     if isinstance(exc, ApplicationError):
         return Response(exc.as_dict(), status=exc.status_code)
     if isinstance(exc, drf_exceptions.ValidationError):
         detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
-        first = next(iter(detail.items()), ("", [""]))
-        message = first[1][0] if isinstance(first[1], list) and first[1] else str(first[1])
-        return Response({"detail": f"{first[0]}: {message}", "code": "invalid", "errors": detail},
+        where, message = first_error(detail)
+        return Response({"detail": f"{where}: {message}", "code": "invalid", "errors": detail},
                         status=status.HTTP_400_BAD_REQUEST)
     # Django refuses an oversized body (DATA_UPLOAD_MAX_MEMORY_SIZE) while DRF parses it.
     if isinstance(exc, RequestDataTooBig):
