@@ -175,6 +175,8 @@ MIDDLEWARE = [
     # changed in the admin: core/role_audit.py).
     "backfill_portal.core.middleware.RequestActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # A visit to a page's POST-only action address: a page saying so, not a blank 405.
+    "backfill_portal.core.middleware.MethodNotAllowedPageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     # Last, as its docs ask: turns a login refused by a lockout into the lockout page.

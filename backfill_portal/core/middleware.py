@@ -6,6 +6,8 @@ import logging
 from urllib.parse import unquote_to_bytes
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.shortcuts import render
+from django.urls import Resolver404, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,39 @@ class ApiNotFoundMiddleware:
                 and not response.get("Content-Type", "").startswith("application/json")):
             return api_not_found()
         return response
+
+
+class MethodNotAllowedPageMiddleware:
+    """A page's action address (approve, cancel, log out, ...) takes a form's POST. A
+    visit to it (the address bar, after an action refused with its message) got
+    Django's empty 405: a blank page. It gets a page with the navigation and a link to
+    the nearest page above it instead, the Allow header kept. /api/ is DRF's (JSON)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if response.status_code != 405 or is_api_path(request.path) or response.content:
+            return response
+        page = render(request, "405.html", {"back": page_above(request.path)}, status=405)
+        page["Allow"] = response.get("Allow", "")
+        return page
+
+
+def page_above(path: str) -> str:
+    """The nearest path above `path` that is a route ("/requests/3/" above
+    "/requests/3/approve/"), else "/"."""
+    parts = [part for part in path.split("/") if part]
+    while parts:
+        parts.pop()
+        candidate = "/" + "".join(f"{part}/" for part in parts)
+        try:
+            resolve(candidate)
+        except Resolver404:
+            continue
+        return candidate
+    return "/"
 
 
 # Paths that answer without the metadata connection a request would otherwise take
