@@ -112,6 +112,12 @@ def _bad(field: str, value, expected: str) -> ValidationError:
     return ValidationError(f"{_LABELS.get(field, field)} {str(value)!r} is not valid; expected {expected}", field=field)
 
 
+def _offset(value: datetime) -> str:
+    """A datetime's UTC offset as ISO writes it: "+05:30", "-04:00"."""
+    minutes = int(value.utcoffset().total_seconds()) // 60
+    return f"{'-' if minutes < 0 else '+'}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
 def parse_partition(*, grain: str, timezone: str, value, field: str) -> datetime:
     """Normalise a user bound to the local start of its partition.
 
@@ -138,7 +144,16 @@ def parse_partition(*, grain: str, timezone: str, value, field: str) -> datetime
         if at != at.replace(minute=0, second=0, microsecond=0):
             raise ValidationError(f"{label} {value.isoformat()!r} is not the start of an hourly partition; "
                                   "minutes and seconds must be zero in UTC", field=field)
-        return at.astimezone(zone)
+        local = at.astimezone(zone)
+        # An instant is an instant whatever its offset, but the form asks for the zone's
+        # local hour: an offset that is neither the zone's at that hour nor UTC's is
+        # more likely a slip (+05:00 for -05:00) than a wish to back-fill another day.
+        if value.utcoffset() not in (local.utcoffset(), timedelta(0)):
+            raise ValidationError(
+                f"{label} {value.isoformat()!r} has UTC offset {_offset(value)}, but {zone.key} is at "
+                f"{_offset(local)} then: that instant is {local.isoformat()} there. Give the local hour "
+                f"with {zone.key}'s offset, or the UTC time with Z", field=field)
+        return local
 
     expected = "YYYY-MM-DD" if grain == "day" else "YYYY-MM"
     if isinstance(value, datetime):

@@ -141,12 +141,22 @@ def test_new_york_hours_of_a_local_day_tile_exactly_the_daily_interval(day):
     assert len(hours) == whole.hours
 
 
-def test_hourly_bound_may_use_any_offset_for_the_same_instant():
+def test_hourly_bound_may_use_utc_or_the_zones_offset_for_the_same_instant():
     a = plan_intervals(grain="hour", timezone=NY, first="2022-11-06T06:00Z", last="2022-11-06T07:00+00:00")
     b = plan_intervals(grain="hour", timezone=NY, first="2022-11-06T01:00-05:00",
                        last=datetime(2022, 11, 6, 2, tzinfo=ZoneInfo(NY)))
     assert a == b
     assert [iv.partition_key for iv in a] == ["2022-11-06T01:00-05:00", "2022-11-06T02:00-05:00"]
+
+
+@pytest.mark.parametrize(("given", "there"), [("2022-10-05T01:00+05:00", "2022-10-04T16:00:00-04:00"),
+                                             ("2022-10-05T01:00-05:00", "2022-10-05T02:00:00-04:00")])
+def test_an_hourly_bound_with_another_zones_offset_is_refused_naming_the_hour_it_would_be(given, there):
+    """The form asks for the dataset zone's local hour: +05:00 for -05:00, or winter's
+    offset in summer, would quietly back-fill another hour or day."""
+    with pytest.raises(ValidationError, match=f"that instant is {there} there") as caught:
+        plan_intervals(grain="hour", timezone=NY, first=given, last="2022-10-05T03:00-04:00")
+    assert list(caught.value.fields) == ["start"]
 
 
 # --- Europe/London: 2022-03-27 and 2022-10-30 ------------------------------------------------
