@@ -85,6 +85,16 @@ def test_side_effects_naming_a_non_side_effect_job_is_refused(api, catalog):
     assert "side-effect" in body["errors"]["side_effects"][0]
 
 
+def test_a_side_effect_node_as_the_target_must_be_authorised(api, catalog):
+    """Planned unauthorised, every interval of it would be skipped after the approvals."""
+    body = assert_refused(api("alice"), "side_effects", job="notify_finance")
+    assert "notify_finance is a side-effect node" in body["errors"]["side_effects"][0]
+    response = api("alice").post("/api/requests/", {**VALID, "job": "notify_finance",
+                                                    "side_effects": ["notify_finance"]}, format="json")
+    assert response.status_code == 201, response.content
+    assert not Interval.objects.filter(request_id=response.json()["id"], note__startswith="skipped").exists()
+
+
 def test_side_effects_naming_an_unknown_job_is_refused(api, catalog):
     assert_refused(api("alice"), "side_effects", side_effects=["ghost"])
 

@@ -146,18 +146,21 @@ def test_manifest_names_skipped_intervals_with_why_and_partitions_another_reques
     assert superseded["partition_key"] == "2022-10-02" and superseded["by_request"] == second.pk
     assert superseded["by_run_id"] == Run.objects.get(request=second).run_id
 
-    skipped = run_request(personas, ready, job="notify_finance", start="2022-10-01", end="2022-10-02",
-                          approver="finn")
+    # A cascade that reaches the side-effect node without authorising it skips its
+    # intervals (a request for the node itself must authorise it to be filed).
+    skipped = run_request(personas, ready, job="dws_sales_daily", start="2022-10-01", end="2022-10-02",
+                          approver="sam", cascade="cascade", node_actions={"monthly_summary": "skip"})
     body = api("audrey").get(f"/api/requests/{skipped.pk}/reconciliation/").json()
-    assert [s["partition_key"] for s in body["manifest"]["exceptions"]["skipped"]] == ["2022-10-01", "2022-10-02"]
-    assert all(s["why"] == "side-effect node not authorised by this request"
-               for s in body["manifest"]["exceptions"]["skipped"])
-    assert body["manifest"]["runs_created"] == 0 and body["manifest"]["versions_published"] == 0
+    effects = [s for s in body["manifest"]["exceptions"]["skipped"] if s["job"] == "notify_finance"]
+    assert [s["partition_key"] for s in effects] == ["2022-10-01", "2022-10-02"]
+    assert all(s["why"] == "side-effect node not authorised by this request" for s in effects)
     # Skipped by design is not a difference, and not a match either: nothing was compared.
-    assert {r["status"] for r in body["rows"]} == {"skipped"}
-    assert body["manifest"]["verdicts"] == {"matched": 0, "explained": 0, "unexplained": 0, "skipped": 2}
+    rows = {(r["job"], r["partition_key"]): r["status"] for r in body["rows"]}
+    assert {rows[("notify_finance", day)] for day in ("2022-10-01", "2022-10-02")} == {"skipped"}
+    assert body["manifest"]["verdicts"]["unexplained"] == 0
+    assert body["manifest"]["verdicts"]["skipped"] == len(body["manifest"]["exceptions"]["skipped"])
     # It does not hold up the sign-off.
-    done = api("finn").post(f"/api/requests/{skipped.pk}/signoff/", {}, format="json")
+    done = api("sam").post(f"/api/requests/{skipped.pk}/signoff/", {}, format="json")
     assert done.status_code == 200 and done.json()["status"] == "completed"
 
 

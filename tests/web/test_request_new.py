@@ -76,6 +76,7 @@ def test_double_post_of_the_same_form_files_one_request(web, catalog):
     ({"start": "2022/10/01"}, "start", "expected YYYY-MM-DD"),
     ({"max_active_intervals": "0"}, "max_active_intervals", "greater than or equal to 1"),
     ({"start": "2099-01-01", "end": "2099-01-02"}, "end", "partition 2099-01-01 of dwd_order_items has not ended yet"),
+    ({"job": "notify_finance"}, "side_effects", "notify_finance is a side-effect node: authorise it"),
 ])
 def test_bad_form_shows_the_field_error_inline_and_writes_nothing(web, catalog, overrides, field, message):
     events = AuditEvent.objects.count()

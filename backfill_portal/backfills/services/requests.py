@@ -91,6 +91,10 @@ def backfill_request_create(
             errors.setdefault("side_effects", []).append(f"job {name!r} does not exist")
         elif not known[name].has_side_effects:
             errors.setdefault("side_effects", []).append(f"{name} is not a side-effect node; only those need authorising")
+    if job_obj is not None and job_obj.has_side_effects and job not in (side_effects or []):
+        # Planned unauthorised, every interval would be skipped after the approvals.
+        errors.setdefault("side_effects", []).append(
+            f"{job} is a side-effect node: authorise it in side_effects to back-fill it (its owner approves that)")
     if idempotency_key is not None and not (1 <= len(str(idempotency_key)) <= 128):
         errors.setdefault("idempotency_key", []).append("must be 1 to 128 characters")
     exclude_stale = exclude_stale or {}
