@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backfill_portal.backfills import policy
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.models import BackfillRequest, Interval
 from backfill_portal.backfills.services.rebuild import backfill_request_create_partitions
@@ -40,7 +41,9 @@ def stale_partitions(*, job: Job) -> list[StalePartition]:
 
 def stale_backfill_draft(*, actor, job_names: list[str], reason: str = "") -> BackfillRequest:
     """A draft request that rebuilds every stale partition of `job_names` with their
-    current code versions. ValidationError when none is stale."""
+    current code versions. ValidationError when none is stale; PermissionDenied first
+    for whoever may not file requests (an auditor learnt nothing from a 400)."""
+    policy.require_create(actor)
     jobs = {j.name: j for j in Job.objects.filter(name__in=job_names).select_related("dataset")}
     unknown = [n for n in job_names if n not in jobs]
     if unknown:

@@ -183,5 +183,8 @@ def test_the_stale_page_of_a_fresh_dbt_job_lists_nothing_and_drafts_nothing(pers
     answer = client.post(reverse("catalog-job-stale-draft", args=["daily_sales"]))
     assert answer.status_code == 400
     assert "no published partition was built by an older code version" in answer.content.decode()
+    auditor = Client()
+    auditor.force_login(personas["audrey"])  # who may not file a request is told so first
+    assert auditor.post(reverse("catalog-job-stale-draft", args=["daily_sales"])).status_code == 403
     assert client.get(reverse("catalog-job-stale", args=["nope"])).status_code == 404
     assert "Built by older code" in client.get(reverse("catalog-job", args=["daily_sales"])).content.decode()

@@ -162,6 +162,13 @@ def test_preview_counts_25_hours_and_explains_the_repeated_hour(web, catalog):
     assert BackfillRequest.objects.count() == 0
 
 
+def test_preview_refuses_an_unknown_cascade_as_the_form_does(web, catalog):
+    response = web("alice").post(PREVIEW, {**HOURLY_DST_DAY, "cascade": "zzz"}, HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert "&#x27;zzz&#x27; is not one of" in html
+    assert 'data-testid="interval-count"' not in html
+
+
 def test_preview_shows_a_23_hour_day_for_a_daily_job_in_spring(web, catalog):
     html = web("alice").post(PREVIEW, {"job": "page_views_hourly", "start": "2022-03-13T00:00-05:00",
                                        "end": "2022-03-13T23:00-04:00"}).content.decode()
