@@ -286,6 +286,13 @@ def test_a_nested_field_error_is_a_plain_message_naming_the_item(api, catalog, f
     assert not BackfillRequest.objects.exists()
 
 
+@pytest.mark.parametrize("action", ["rollback", "cancel", "signoff", "intervals/2022-10-01/explain"])
+def test_an_action_on_a_request_that_does_not_exist_is_a_404_whatever_the_body(api, db, action):
+    response = api("oscar").post(f"/api/requests/999999/{action}/", data={}, content_type="application/json")
+    assert response.status_code == 404, response.content
+    assert response.json()["code"] == "not_found"
+
+
 def test_no_credentials_is_a_401_with_a_code(db):
     # DRF's NotAuthenticated answered {"detail"} alone, which the revoke endpoint's schema refuses.
     for path in ("/api/auth/token/revoke/", "/api/requests/1/cancel/"):

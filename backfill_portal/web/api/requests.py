@@ -56,6 +56,13 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def get_serializer_class(self):
         return RequestDetailSerializer if self.action == "retrieve" else RequestSerializer
 
+    def initial(self, request, *args, **kwargs):
+        """Who may ask (DRF's checks), then whether the request exists, then the body:
+        an action on a request that does not exist is a 404 whatever its body says."""
+        super().initial(request, *args, **kwargs)
+        if self.detail and request.method == "POST" and "pk" in kwargs:
+            request_get(kwargs["pk"])
+
     def _detail(self, request_obj, code=status.HTTP_200_OK, **context):
         request_obj = request_get(request_obj.pk)
         data = RequestDetailSerializer(request_obj, context={"request": self.request, **context}).data
