@@ -448,9 +448,14 @@ class PostgreSQLWarehouse(SqlWarehouse):
         ... LIKE would hold a lock on the reader table until the staging transaction
         ends, and a replacing publish needs that table alone). The bookkeeping columns
         and the partition's CHECK come after the rows (`_add_bookkeeping`)."""
-        columns = [f"{_quote(name)} {kind}" for name, kind in self._columns_of(spec.name).items()
-                   if name not in BOOKKEEPING_COLUMNS]
+        columns = [f"{_quote(name)} {kind}" for name, kind, _ in self._data_attributes(spec)]
         self.execute(f"CREATE TABLE {_quote(table)} ({', '.join(columns)})")
+
+    def _data_attributes(self, spec: DatasetSpec) -> list[tuple[str, str, bool]]:
+        """(column, type, collatable) of the reader table's data columns, in order: what
+        a version's table holds before `_add_bookkeeping`."""
+        return [row for row in self._attribute_rows("to_regclass(?)", (_quote(spec.name),))
+                if row[0] not in BOOKKEEPING_COLUMNS]
 
     def _add_bookkeeping(self, spec: DatasetSpec, table: str, *, run_id: str, attempt_no: int,
                          partition: str) -> None:
@@ -494,9 +499,7 @@ class PostgreSQLWarehouse(SqlWarehouse):
         a date) is converted, and one that does not convert fails the attempt."""
         declared = set(spec.column_names)
         selected = []
-        for name, kind, collatable in self._attribute_rows("to_regclass(?)", (_quote(spec.name),)):
-            if name in BOOKKEEPING_COLUMNS:
-                continue
+        for name, kind, collatable in self._data_attributes(spec):
             value = f"q.{_quote(name)}" if name in declared else "NULL"  # a column the catalog no longer declares
             collation = ' COLLATE pg_catalog."default"' if collatable else ""
             selected.append(f"CAST({value} AS {kind}){collation} AS {_quote(name)}")
