@@ -20,6 +20,8 @@ from backfill_portal.backfills.services.requests import (
     approval_plan,
     not_ended,
     plan_cascade,
+    unauthorised_target,
+    unknown_cascade,
 )
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
 from backfill_portal.backfills.staleness import StaleLater, check_exclusions, stale_later
@@ -52,6 +54,10 @@ def request_plan_preview(*, user, job: Job, start, end, side_effects: list[str] 
                     exclude_stale: dict[str, list[str]] | None = None) -> PlanPreview:
     """The plan for `job` over first..last partition `start`..`end`. Bad input raises
     ValidationError naming the field, as creation would."""
+    if problem := unknown_cascade(cascade):
+        raise ValidationError(problem, field="cascade")
+    if problem := unauthorised_target(job, side_effects):
+        raise ValidationError(problem, field="side_effects")
     ds = job.dataset
     planned = plan_intervals(grain=ds.grain, timezone=ds.timezone, first=start, last=end,
                              limit=settings.BACKFILL_MAX_INTERVALS)

@@ -169,6 +169,14 @@ def test_preview_refuses_an_unknown_cascade_as_the_form_does(web, catalog):
     assert 'data-testid="interval-count"' not in html
 
 
+def test_preview_refuses_an_unauthorised_side_effect_target_as_the_form_does(web, catalog):
+    data = {"job": "notify_finance", "start": "2022-10-01", "end": "2022-10-02"}
+    html = web("alice").post(PREVIEW, data, HTTP_HX_REQUEST="true").content.decode()
+    assert "notify_finance is a side-effect node: authorise it" in html
+    html = web("alice").post(PREVIEW, {**data, "side_effects": "notify_finance"}, HTTP_HX_REQUEST="true").content.decode()
+    assert 'data-testid="interval-count">2<' in html
+
+
 def test_preview_shows_a_23_hour_day_for_a_daily_job_in_spring(web, catalog):
     html = web("alice").post(PREVIEW, {"job": "page_views_hourly", "start": "2022-03-13T00:00-05:00",
                                        "end": "2022-03-13T23:00-04:00"}).content.decode()

@@ -39,6 +39,20 @@ def _payload_hash(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def unknown_cascade(cascade: str) -> str | None:
+    """Why `cascade` is refused (creation and the preview alike), or None."""
+    return None if cascade in Cascade.values else f"{cascade!r} is not one of {', '.join(Cascade.values)}"
+
+
+def unauthorised_target(job: Job, side_effects: Iterable[str] | None) -> str | None:
+    """Why a request for `job` with these authorisations is refused, or None: planned
+    unauthorised, a side-effect node as the target would be skipped whole after the
+    approvals."""
+    if job.has_side_effects and job.name not in (side_effects or ()):
+        return f"{job.name} is a side-effect node: authorise it in side_effects to back-fill it (its owner approves that)"
+    return None
+
+
 def backfill_request_create(
     *,
     actor,
@@ -78,8 +92,8 @@ def backfill_request_create(
     reason = (reason or "").strip()
     if not reason:
         errors.setdefault("reason", []).append("say why this backfill is needed; auditors will read it")
-    if cascade not in Cascade.values:
-        errors.setdefault("cascade", []).append(f"{cascade!r} is not one of {', '.join(Cascade.values)}")
+    if problem := unknown_cascade(cascade):
+        errors.setdefault("cascade", []).append(problem)
     if strategy not in Strategy.values:
         errors.setdefault("strategy", []).append(f"{strategy!r} is not one of {', '.join(Strategy.values)}")
     if not isinstance(max_active_intervals, int) or not 1 <= max_active_intervals <= MAX_ACTIVE_INTERVALS_LIMIT:
@@ -91,10 +105,8 @@ def backfill_request_create(
             errors.setdefault("side_effects", []).append(f"job {name!r} does not exist")
         elif not known[name].has_side_effects:
             errors.setdefault("side_effects", []).append(f"{name} is not a side-effect node; only those need authorising")
-    if job_obj is not None and job_obj.has_side_effects and job not in (side_effects or []):
-        # Planned unauthorised, every interval would be skipped after the approvals.
-        errors.setdefault("side_effects", []).append(
-            f"{job} is a side-effect node: authorise it in side_effects to back-fill it (its owner approves that)")
+    if job_obj is not None and (problem := unauthorised_target(job_obj, side_effects)):
+        errors.setdefault("side_effects", []).append(problem)
     if idempotency_key is not None and not (1 <= len(str(idempotency_key)) <= 128):
         errors.setdefault("idempotency_key", []).append("must be 1 to 128 characters")
     exclude_stale = exclude_stale or {}

@@ -380,9 +380,6 @@ def _preview_context(user, *, job: Job | None, start: str, end: str, effects: li
         return ctx
     ds = job.dataset
     ctx["format"] = partition_format(ds.grain, ds.timezone)
-    if cascade not in Cascade.values:  # as the form refuses it, not previewed as "none"
-        ctx["errors"] = [f"{cascade!r} is not one of {', '.join(Cascade.values)}"]
-        return ctx
     if not ctx["start"] or not ctx["end"]:
         ctx["hint"] = "Enter the first and last partition to preview the plan."
         return ctx
