@@ -38,6 +38,7 @@ def test_job_in_query_string_preselects_it_and_explains_the_partition_format(web
     html = web("alice").get(NEW + "?job=page_views_hourly").content.decode()
     assert '<option value="page_views_hourly" selected>' in html
     assert 'id="id_start_helptext"' in html and "America/New_York with its UTC offset" in html
+    assert "or the same instant in UTC with Z" in html  # Z is accepted too (calendar.parse_partition)
 
 
 def test_form_creates_a_draft_end_to_end(web, catalog, alice):

@@ -23,8 +23,8 @@ def partition_format(grain: str, timezone: str) -> dict[str, str]:
         except (ZoneInfoNotFoundError, ValueError):
             example = "2022-11-06T01:00-04:00"
         return {"pattern": "YYYY-MM-DDTHH:00±HH:MM", "example": example,
-                "text": f"a local hour in {timezone} with its UTC offset, e.g. {example}; "
-                        "the offset tells a repeated autumn hour apart"}
+                "text": f"a local hour in {timezone} with its UTC offset, e.g. {example}, or the same "
+                        "instant in UTC with Z; the offset tells a repeated autumn hour apart"}
     if grain == "month":
         return {"pattern": "YYYY-MM", "example": "2022-10", "text": f"a month in {timezone}, e.g. 2022-10"}
     return {"pattern": "YYYY-MM-DD", "example": "2022-10-01",
