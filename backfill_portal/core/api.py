@@ -13,8 +13,14 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from backfill_portal.core.errors import ApplicationError
-from backfill_portal.core.middleware import api_not_found, database_busy_response, is_api_path, is_pool_timeout
+from backfill_portal.core.errors import ApplicationError, Unavailable
+from backfill_portal.core.middleware import (
+    api_not_found,
+    database_busy_response,
+    is_api_path,
+    is_pool_timeout,
+    unavailable_response,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +84,9 @@ def exception_handler(exc, context):
         return drf_exception_handler(exc, context)
     if is_pool_timeout(exc):  # no metadata connection free: a 503 to retry, not an error
         return database_busy_response(context["request"])
+    if isinstance(exc, Unavailable):  # the warehouse (or another service) is down: 503, not 500
+        logger.warning("503 for %s: %s", context["request"].path, exc)
+        return unavailable_response(context["request"], exc)
     # Never a traceback to the user: log it, answer with a generic 500 body.
     logger.exception("unhandled API error")
     return Response({"detail": "internal error; it has been logged", "code": "error"},

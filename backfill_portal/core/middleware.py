@@ -9,6 +9,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonR
 from django.shortcuts import render
 from django.urls import Resolver404, resolve
 
+from backfill_portal.core.errors import Unavailable
+
 logger = logging.getLogger(__name__)
 
 NUL_MESSAGE = "a NUL character (%00) is not allowed in the path, the query string or a header"
@@ -164,6 +166,23 @@ def database_busy_response(request: HttpRequest) -> HttpResponse:
     return response
 
 
+def unavailable_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
+    """503 with Retry-After for a service the portal needs that is down (the warehouse
+    refused the connection, ...): the operator's problem, not the user's input, so
+    neither a 400 nor a 500; the message names the service and the driver's reason."""
+    from django.template.loader import render_to_string
+
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = f"{reason}; try again when it is back"
+    if is_api_path(request.path):
+        response = JsonResponse({"detail": message, "code": "unavailable"}, status=503)
+    else:
+        response = HttpResponse(render_to_string("503.html", {"message": message, "title": "Unavailable"}),
+                                status=503)
+    response["Retry-After"] = "10"
+    return response
+
+
 class MetadataConnectionMiddleware:
     """With a connection pool (web processes on PostgreSQL: settings.database_config),
     a request takes its metadata connection here, before the session, the user or a
@@ -193,4 +212,7 @@ class MetadataConnectionMiddleware:
         if is_pool_timeout(exception):
             logger.warning("503 for %s %s: %s", request.method, request.path, exception)
             return database_busy_response(request)
+        if isinstance(exception, Unavailable):  # the warehouse (or another service) is down
+            logger.warning("503 for %s %s: %s", request.method, request.path, exception)
+            return unavailable_response(request, exception)
         return None

@@ -193,3 +193,26 @@ def test_request_rollback_from_the_detail_page(web, incident, warehouse):
     assert f"Request #{bad.pk} rolled back: 2 partition(s)" in page and "Filed to rebuild them: #" in page
     assert BackfillRequest.objects.filter(job__name="dws_sales_daily", parent=bad).count() == 1
     assert f'action="{action}"' not in page  # nothing left to roll back
+
+
+def test_an_unreachable_warehouse_is_a_503_naming_it_on_pages_and_the_api(web, api, incident, settings):
+    """The exploratory deploy test: with the warehouse down, the dataset and partition
+    pages and their API twins answered 500 'Something went wrong'. A service that is
+    down is a 503 naming it, with Retry-After, never a 500."""
+    from backfill_portal.backends import reset_warehouse_cache
+
+    settings.WAREHOUSE_URL = "postgresql://postgres@127.0.0.1:1/nowhere"  # nothing listens on port 1
+    reset_warehouse_cache()
+    try:
+        for path in (DATASET, PART):
+            response = web("oscar").get(path)
+            assert response.status_code == 503, path
+            assert response["Retry-After"] == "10"
+            html = response.content.decode()
+            assert "cannot connect to the warehouse" in html.lower() and "Traceback" not in html
+        response = api("oscar").get("/api" + PART)
+        assert response.status_code == 503
+        body = response.json()
+        assert body["code"] == "unavailable" and "cannot connect to the warehouse" in body["detail"]
+    finally:
+        reset_warehouse_cache()
