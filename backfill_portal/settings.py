@@ -34,17 +34,20 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no)")
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}")
+    return value
 
 
-def env_float(name: str, default: float) -> float:
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -52,9 +55,23 @@ def env_float(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
-    if value < 0 or value != value:
-        raise ImproperlyConfigured(f"{name}={raw!r} must be zero or more")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number")
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be {'zero or more' if minimum == 0 else f'at least {minimum:g}'}")
     return value
+
+
+def env_url(name: str, default: str) -> str:
+    """A URL setting: unset means the default; set but empty is refused (a library given
+    "" would pick its own default, e.g. Celery's amqp://localhost, not ours)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if not raw.strip():
+        raise ImproperlyConfigured(f"{name} is set but empty: unset it for the default ({default.split('://')[0]}://), "
+                                   "or give a URL")
+    return raw.strip()
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -245,7 +262,7 @@ def database_config(url: str, process: str = "command") -> dict:
         # Connections persist between requests and tasks (for tasks see
         # CELERY_DB_REUSE_MAX), checked before reuse so a server restart costs a
         # reconnect, not an error.
-        config = dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 300),
+        config = dj_database_url.parse(url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 300, minimum=0),
                                        conn_health_checks=True)
     except Exception as exc:  # dj_database_url raises bare ValueError/KeyError
         raise ImproperlyConfigured(f"cannot parse database URL {url!r}: {exc}") from None
@@ -296,8 +313,8 @@ WAREHOUSE_URL = env_str("WAREHOUSE_URL", f"sqlite:///{VAR_DIR / 'warehouse.sqlit
 # is ended by the server, which rolls it back and releases its locks. A healthy
 # staging transaction is never idle that long: it writes at least every few seconds
 # while rows come. 0 turns either off.
-WAREHOUSE_LOCK_TIMEOUT_SECONDS = env_int("WAREHOUSE_LOCK_TIMEOUT_SECONDS", 60)
-WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = env_int("WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS", 600)
+WAREHOUSE_LOCK_TIMEOUT_SECONDS = env_int("WAREHOUSE_LOCK_TIMEOUT_SECONDS", 60, minimum=0)
+WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = env_int("WAREHOUSE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS", 600, minimum=0)
 # A publish or rollback on PostgreSQL swaps partitions of the reader table, which waits
 # for readers of it. Each try waits at most WAREHOUSE_PUBLISH_LOCK_TIMEOUT_SECONDS (so a
 # reader arriving meanwhile, queued behind it, waits no longer), then lets go and tries
@@ -334,13 +351,13 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
-WHITENOISE_MAX_AGE = env_int("STATIC_MAX_AGE", 3600)
+WHITENOISE_MAX_AGE = env_int("STATIC_MAX_AGE", 3600, minimum=0)
 
 # --- Production hardening: all on when DEBUG is off, so `check --deploy` is clean.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = not DEBUG
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -419,7 +436,7 @@ CSP_INLINE_STYLE_PREFIXES = ("/admin/", "/api/")
 
 # --- REST API
 # A body over this many bytes is refused: 413 from the API (core/api.py), 400 from a page.
-DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440, minimum=1024)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # The token scheme first: its challenge makes a call without credentials a 401
@@ -468,7 +485,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Celery
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
     for sub in ("queue", "processed", "control"):
@@ -494,7 +511,7 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # enough on one connection to be prepared. It now closes them every this many tasks;
 # around each task backfill_portal.celery applies Django's own policy instead
 # (CONN_MAX_AGE, health checks), as Django does around each request.
-CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
+CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000, minimum=1)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TASK_DEFAULT_QUEUE = "backfill"
 # Both queues are declared, so a worker started the plain way (`celery -A
@@ -509,12 +526,12 @@ CELERY_TASK_ROUTES = {
     "execution.probe_warehouse": {"queue": "production"},
 }
 CELERY_BEAT_SCHEDULE = {
-    "sweep": {"task": "execution.sweep", "schedule": env_int("SWEEP_SECONDS", 15)},
+    "sweep": {"task": "execution.sweep", "schedule": env_int("SWEEP_SECONDS", 15, minimum=1)},
     "schedule-production": {"task": "execution.schedule_production", "schedule": 60.0},
     "expire-handoffs": {"task": "backfills.expire_handoffs", "schedule": 300.0},
-    "purge-versions": {"task": "execution.purge_versions", "schedule": env_int("RETENTION_SWEEP_SECONDS", 3600)},
-    "anchor-audit": {"task": "core.anchor_audit", "schedule": env_int("AUDIT_ANCHOR_SECONDS", 300)},
-    "probe-warehouse": {"task": "execution.probe_warehouse", "schedule": env_float("WAREHOUSE_PROBE_SECONDS", 5.0)},
+    "purge-versions": {"task": "execution.purge_versions", "schedule": env_int("RETENTION_SWEEP_SECONDS", 3600, minimum=1)},
+    "anchor-audit": {"task": "core.anchor_audit", "schedule": env_int("AUDIT_ANCHOR_SECONDS", 300, minimum=1)},
+    "probe-warehouse": {"task": "execution.probe_warehouse", "schedule": env_float("WAREHOUSE_PROBE_SECONDS", 5.0, minimum=0.1)},
 }
 
 # A request waiting on a hand-off that never came (the process that committed its
@@ -554,7 +571,7 @@ if EXECUTION_BUNDLE_SIZE < 1 or EXECUTION_BUNDLE_LANES < 1:
 # While the warehouse refuses connections no attempt starts and no run is dispatched;
 # the probe-warehouse task above tries a fresh connection every WAREHOUSE_PROBE_SECONDS
 # and resumes the work once one succeeds. A connection attempt gives up after this long.
-WAREHOUSE_CONNECT_TIMEOUT = env_int("WAREHOUSE_CONNECT_TIMEOUT", 10)
+WAREHOUSE_CONNECT_TIMEOUT = env_int("WAREHOUSE_CONNECT_TIMEOUT", 10, minimum=1)
 
 # --- OpenLineage out (execution/lineage_out/, docs/openlineage.md)
 # Off by default. OPENLINEAGE_URL sends each run's events over HTTP (POST to
@@ -590,9 +607,9 @@ if VERSION_RETENTION_DAYS < 1:
 LINEAGE_EVENT_RETENTION_DAYS = env_int("LINEAGE_EVENT_RETENTION_DAYS", 30)
 if LINEAGE_EVENT_RETENTION_DAYS < 1:
     raise ImproperlyConfigured(f"LINEAGE_EVENT_RETENTION_DAYS={LINEAGE_EVENT_RETENTION_DAYS} must be at least 1")
-BACKFILL_MAX_INTERVALS = env_int("BACKFILL_MAX_INTERVALS", 30000)
+BACKFILL_MAX_INTERVALS = env_int("BACKFILL_MAX_INTERVALS", 30000, minimum=1)
 # Requests with more intervals than this also need an admin's approval.
-BACKFILL_ADMIN_APPROVAL_OVER = env_int("BACKFILL_ADMIN_APPROVAL_OVER", 400)
+BACKFILL_ADMIN_APPROVAL_OVER = env_int("BACKFILL_ADMIN_APPROVAL_OVER", 400, minimum=0)
 # An active run with no sign of life (sent, started, a heartbeat) for this long is listed
 # as stuck on the runs list and the on-call home; the sweeper repairs a lost message or a
 # dead attempt well within it, so what is still silent after it needs a person.
@@ -600,7 +617,7 @@ RUN_STUCK_AFTER_SECONDS = env_int("RUN_STUCK_AFTER_SECONDS", 900)
 if RUN_STUCK_AFTER_SECONDS < 1:
     raise ImproperlyConfigured(f"RUN_STUCK_AFTER_SECONDS={RUN_STUCK_AFTER_SECONDS} must be at least 1")
 # How long downstream owners have to answer a hand-off.
-HANDOFF_WINDOW_HOURS = env_int("HANDOFF_WINDOW_HOURS", 72)
+HANDOFF_WINDOW_HOURS = env_int("HANDOFF_WINDOW_HOURS", 72, minimum=1)
 # Task outbox rows once sent are history (lost work is re-sent from run state): the
 # retention task deletes those sent more than this many days ago.
 TASK_OUTBOX_RETENTION_DAYS = env_int("TASK_OUTBOX_RETENTION_DAYS", 7)
@@ -610,6 +627,12 @@ if TASK_OUTBOX_RETENTION_DAYS < 1:
 # Each run's own log lines, one file per run_id, read by its run page (core/logging.py
 # RunLogHandler). Empty: not kept. Workers on several machines need it on a shared disk.
 RUN_LOG_DIR = env_str("RUN_LOG_DIR", str(VAR_DIR / "log" / "runs"))
+# The level of every process's log, the worker's and the scheduler's too (a `--loglevel`
+# given to celery takes its place there).
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").strip().upper()
+if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    raise ImproperlyConfigured(f"LOG_LEVEL={os.environ.get('LOG_LEVEL')!r} must be one of DEBUG, INFO, WARNING, "
+                               "ERROR, CRITICAL")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -620,6 +643,6 @@ LOGGING = {
         "console": {"class": "logging.StreamHandler", "formatter": "structured"},
         "runs": {"()": "backfill_portal.core.logging.RunLogHandler"},
     },
-    "root": {"handlers": ["console", "runs"], "level": env_str("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console", "runs"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
