@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import RequestStatus
@@ -428,6 +429,15 @@ def _closure_of(*, request: BackfillRequest | None = None, dataset: Dataset | No
     return rows.filter(rollback__dataset=dataset, rollback__partition_key=partition_key)
 
 
+def _restored_tainted(moves: list[Move]) -> list[dict]:
+    """The moves whose restored version was itself built from a rolled-back input (the
+    rollback of a rebuild goes back to what the rebuild replaced): readers see it again,
+    its partition is marked again, and the rebuild's rollback must say so."""
+    tainted = set(Contamination.objects.filter(version__in=[m.target for m in moves])
+                  .values_list("version_id", flat=True))
+    return [m.as_dict() for m in moves if m.target.pk in tainted]
+
+
 def partition_rollback(*, actor, dataset: str, partition_key: str, reason: str) -> dict:
     """Roll one partition back to its previous verified version. Returns the move,
     the consumers of the rolled-back version and the contaminated closure."""
@@ -438,7 +448,8 @@ def partition_rollback(*, actor, dataset: str, partition_key: str, reason: str) 
     move = _plan_partition(dataset_obj, partition_key)
     _apply([move], actor=actor, reason=reason)
     impact = closure_entries(Contamination.objects.filter(rolled_back=move.current))
-    return {**move.as_dict(), "consumers": consumers_of([move.current]), "impact": impact}
+    return {**move.as_dict(), "consumers": consumers_of([move.current]), "impact": impact,
+            "restored_tainted": _restored_tainted([move])}
 
 
 def request_rollback(*, actor, request_id, reason: str) -> dict:
@@ -464,7 +475,7 @@ def request_rollback(*, actor, request_id, reason: str) -> dict:
         request, actor=actor, reason=reason, partitions=[m.as_dict() for m in moves]))
     bad = list(Version.objects.filter(run__request=request, run__status=RunStatus.ROLLED_BACK))
     return {"request": request.pk, "partitions": [m.as_dict() for m in moves], "consumers": consumers_of(bad),
-            "impact": closure_entries(_closure_of(request=request))}
+            "impact": closure_entries(_closure_of(request=request)), "restored_tainted": _restored_tainted(moves)}
 
 
 def rollback_state(*, request_id=None, dataset: str | None = None, partition_key: str | None = None) -> dict:
@@ -499,6 +510,12 @@ def request_rollback_blocked(request: BackfillRequest, *, shown: int = 5) -> tup
     return (first.count() if len(names) == shown else len(names)), names
 
 
+# A rebuild request that ended without replacing what it was filed for (rolled back
+# itself, cancelled, rejected, failed): its entries are open again, so the next click
+# files a new rebuild instead of handing back the dead one.
+ENDED_REBUILD = (RequestStatus.ROLLED_BACK, RequestStatus.CANCELLED, RequestStatus.REJECTED, RequestStatus.FAILED)
+
+
 class _LostRace(Exception):
     """Another click claimed the closure first: undo this one's request."""
 
@@ -516,19 +533,20 @@ def _file_rebuild(*, actor, rows, parent: BackfillRequest | None, label: str) ->
     from backfill_portal.backfills.services.rebuild import backfill_request_create_partitions
     from backfill_portal.backfills.services.requests import backfill_request_submit
 
-    rows = list(rows.select_related("version__run__job", "dataset").order_by("depth", "id"))
-    open_rows = [r for r in rows if r.rebuild_id is None]
+    rows = list(rows.select_related("version__run__job", "dataset", "rebuild").order_by("depth", "id"))
+    open_rows = [r for r in rows if r.rebuild_id is None or r.rebuild.status in ENDED_REBUILD]
     current = publications_in_effect(open_rows) if open_rows else {}
     visible = [r for r in open_rows if (c := current.get((r.dataset_id, r.partition_key))) is not None
                and c.version_id == r.version_id]
     covered = dict(Contamination.objects.filter(version_id__in=[r.version_id for r in visible], rebuild__isnull=False)
-                   .values_list("version_id", "rebuild_id"))
+                   .exclude(rebuild__status__in=ENDED_REBUILD).values_list("version_id", "rebuild_id"))
     todo = [r for r in visible if r.version_id not in covered]
+    unclaimed = Q(rebuild__isnull=True) | Q(rebuild__status__in=ENDED_REBUILD)
     try:
         with transaction.atomic():
             for r in visible:
                 if r.version_id in covered:
-                    Contamination.objects.filter(pk=r.pk, rebuild__isnull=True).update(rebuild_id=covered[r.version_id])
+                    Contamination.objects.filter(unclaimed, pk=r.pk).update(rebuild_id=covered[r.version_id])
             if todo:
                 partitions: dict[str, set[str]] = {}
                 for r in todo:
@@ -537,8 +555,7 @@ def _file_rebuild(*, actor, rows, parent: BackfillRequest | None, label: str) ->
                 request = backfill_request_create_partitions(
                     actor=actor, partitions={k: sorted(v) for k, v in partitions.items()}, reason=reason,
                     parent=parent)
-                claimed = Contamination.objects.filter(pk__in=[r.pk for r in todo], rebuild__isnull=True).update(
-                    rebuild=request)
+                claimed = Contamination.objects.filter(unclaimed, pk__in=[r.pk for r in todo]).update(rebuild=request)
                 if claimed != len(todo):
                     raise _LostRace
                 audit_record(actor=actor, action="request.rebuild_after_rollback", object_type="request",

@@ -247,3 +247,43 @@ def test_a_rollback_interrupted_before_its_mirror_is_finished_not_repeated(perso
     assert (bad.status, good.status) == (RunStatus.ROLLED_BACK, RunStatus.PUBLISHED)
     assert Publication.objects.filter(action="rollback").count() == 1
     assert warehouse.current("dwd_order_items", DAYS[0]) == good.run_id
+
+
+def test_rolling_back_a_rebuild_names_the_tainted_versions_it_restores_and_a_new_rebuild_is_filed(
+        personas, ready, warehouse, api, incident):
+    """The exploratory test: after the rebuild request was itself rolled back, readers
+    saw the versions built from the bad input again, the rollback's answer did not say
+    so, and "rebuild" handed back the rolled-back rebuild, filing nothing."""
+    good, bad, dws = incident
+    dws_runs = runs_by_day(dws)
+    body = api("oscar").post(f"/api/requests/{bad.pk}/rollback/", {"reason": "doubled"}, format="json").json()
+    assert body["restored_tainted"] == []  # the good versions came back
+    (first,) = api("oscar").post(body["rebuild"]).json()
+    assert api("sam").post(f"/api/requests/{first['id']}/approve/", {}, format="json").status_code == 200
+    ready.drain()
+
+    # The rebuild is rolled back: dws goes back to the versions built on the doubled input.
+    undo = api("oscar").post(f"/api/requests/{first['id']}/rollback/", {"reason": "rebuild was wrong"},
+                             format="json")
+    assert undo.status_code == 200, undo.json()
+    restored = undo.json()["restored_tainted"]
+    assert {(m["partition_key"], m["to_run_id"]) for m in restored} == {(d, r.run_id) for d, r in dws_runs.items()}
+    for day, run in dws_runs.items():
+        assert warehouse.current("dws_sales_daily", day) == run.run_id
+        mark = api("oscar").get(f"/api/datasets/dws_sales_daily/partitions/{day}/").json()["contamination"]
+        assert mark["state"] == "pending"
+
+    # Rebuild again: a NEW request (the first one was rolled back), which clears the marks.
+    again = api("oscar").post(body["rebuild"])
+    assert again.status_code == 201, again.json()
+    (second,) = again.json()
+    assert second["id"] != first["id"] and second["status"] == RequestStatus.PENDING_APPROVAL
+    assert api("oscar").post(body["rebuild"]).json()[0]["id"] == second["id"]  # and only one
+    assert api("sam").post(f"/api/requests/{second['id']}/approve/", {}, format="json").status_code == 200
+    ready.drain()
+    for day in DAYS:
+        mark = api("oscar").get(f"/api/datasets/dws_sales_daily/partitions/{day}/").json()["contamination"]
+        assert mark["state"] == "rebuilt" and mark["rebuilt_by"] == second["id"]
+        gmv = sum(float(r["gmv"]) for r in warehouse.read_partition("dws_sales_daily", day))
+        amount = sum(float(r["amount"]) for r in warehouse.read_partition("dwd_order_items", day))
+        assert gmv == pytest.approx(amount, abs=0.05)

@@ -3,6 +3,7 @@ from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
+from backfill_portal.web.api.reconciliation import RESTORED_TAINTED_HELP, PartitionMoveSerializer
 from backfill_portal.web.api.serializers.runs import PublicationSerializer, VersionSerializer
 from backfill_portal.warehouse.selectors import partition_state
 
@@ -76,7 +77,9 @@ class _PartitionRollbackBody(serializers.Serializer):
     "dataset": serializers.CharField(), "partition_key": serializers.CharField(),
     "from_run_id": serializers.CharField(), "to_run_id": serializers.CharField(),
     "consumers": serializers.ListField(child=serializers.DictField()),
-    "impact": ImpactEntrySerializer(many=True), "rebuild": serializers.CharField()}))
+    "impact": ImpactEntrySerializer(many=True),
+    "restored_tainted": PartitionMoveSerializer(many=True, help_text=RESTORED_TAINTED_HELP),
+    "rebuild": serializers.CharField()}))
 @api_view(["POST"])
 def partition_rollback_view(request, name: str, key: str):
     """Move the pointer back to the previous verified version (409 if someone published

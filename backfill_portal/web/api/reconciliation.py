@@ -83,6 +83,9 @@ class PartitionMoveSerializer(serializers.Serializer):
     to_run_id = serializers.CharField()
 
 
+RESTORED_TAINTED_HELP = ("the moves whose restored version was itself built from a rolled-back input (rolling "
+                         "back a rebuild restores what it replaced): readers see it again, marked, until a new "
+                         "rebuild is filed")
 IMPACT_HELP = ("the contaminated closure: every version published at the rollback that was built from a "
                "rolled-back one, with depth, via and state")
 
@@ -94,6 +97,7 @@ class RequestRollbackResultSerializer(serializers.Serializer):
     partitions = PartitionMoveSerializer(many=True, help_text="the pointer moves")
     consumers = ConsumerSerializer(many=True)
     impact = serializers.ListField(child=serializers.DictField(), help_text=IMPACT_HELP)
+    restored_tainted = PartitionMoveSerializer(many=True, help_text=RESTORED_TAINTED_HELP)
     rebuild = serializers.CharField(help_text="POST here to file the one request rebuilding the closure")
 
 
