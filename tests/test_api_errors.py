@@ -334,3 +334,20 @@ def test_with_debug_on_every_404_under_the_api_is_still_the_json_error_body(api,
         assert content_type(response).startswith("application/json"), (path, response.content[:200])
         assert response.json() == {"detail": "Not found.", "code": "not_found"}
 
+
+
+@pytest.mark.parametrize("position", ["abc", "1e400", "2022-01-01", "-5", "9" * 30, "1.5"])
+@pytest.mark.parametrize("path", ["/api/runs/", "/api/requests/", "/api/audit/"])
+def test_a_cursor_whose_position_is_not_an_id_is_a_404_not_a_500(api, path, position):
+    """The exploratory test: DRF hands the cursor's position to the filter as it is, so a
+    hand-edited cursor (`p=abc`, base64) was a 500 on every paginated list."""
+    import base64
+
+    for raw in (f"p={position}", f"r=1&p={position}"):
+        cursor = base64.b64encode(raw.encode()).decode()
+        response = api("audrey").get(path, {"cursor": cursor})
+        assert response.status_code == 404, (raw, response.content[:200])
+        assert response.json()["detail"] == "Invalid cursor"
+    # A real cursor still pages.
+    good = base64.b64encode(b"p=5").decode()
+    assert api("audrey").get(path, {"cursor": good}).status_code == 200

@@ -95,6 +95,8 @@ def test_filters_by_state_job_dataset_type_request_and_time(web, queued, make_re
     assert shown(since=today.isoformat(), until=today.isoformat()) == mine | them
     Run.objects.filter(pk=runs[1].pk).update(created_at=timezone.now() - timedelta(days=3))
     assert shown(until=(today - timedelta(days=1)).isoformat()) == {runs[1].run_id}
+    # The last day a date can hold has no day after it: no upper bound, not a 500.
+    assert shown(until="9999-12-31") == mine | them and shown(since="9999-12-30", until="9999-12-31") == set()
 
 
 @pytest.mark.parametrize("params, field, message", [

@@ -1,7 +1,7 @@
 """The runs list's filters: shape and type only; execution.selectors.run_rows filters."""
 from __future__ import annotations
 
-from datetime import datetime, time, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
 
 from django import forms
 
@@ -45,5 +45,7 @@ class RunFilterForm(forms.Form):
             state=data.get("state") or "", job=data.get("job") or "", dataset=data.get("dataset") or "",
             run_type=data.get("run_type") or "", request=data.get("request"),
             since=datetime.combine(since, time(), tzinfo=timezone.utc) if since else None,
-            until=datetime.combine(until + timedelta(days=1), time(), tzinfo=timezone.utc) if until else None,
+            # The day after `until`, exclusive; the last day a date holds has none (no bound).
+            until=(datetime.combine(until + timedelta(days=1), time(), tzinfo=timezone.utc)
+                   if until and until < date.max else None),
         )
