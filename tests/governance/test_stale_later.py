@@ -320,3 +320,27 @@ def test_the_form_preview_lists_the_stale_partitions_and_a_ticked_box_excludes_o
     assert refused.status_code == 200 and "not a stale partition of this plan" in refused.content.decode()
     assert BackfillRequest.objects.filter(job__name="dws_sales_daily", status="draft").count() == 1
     assert not Interval.objects.filter(request__job__name="dws_sales_daily", status=IntervalStatus.QUEUED).exists()
+
+
+def test_a_depends_on_past_partition_after_a_gap_fails_naming_the_missing_one_instead_of_starting_from_zero(
+        personas, task_queue, warehouse, history):
+    """The exploratory test: a cascade rebuilt a running total whose previous partition
+    had never been published; it read it as empty and published one day's sum as the
+    total to date, matched by every check. With earlier partitions published, a missing
+    previous one is a gap: the run fails and says which partition to build first."""
+    gap, after = "2022-10-06", "2022-10-07"
+    for job in ("dwd_order_items", "dws_sales_daily"):
+        assert run_to_end(personas, task_queue, job=job, start=gap, end=after).status == RequestStatus.RECONCILING
+    request = run_to_end(personas, task_queue, job="running_totals", start=after, end=after)
+    assert request.status == RequestStatus.FAILED
+    run = Run.objects.get(request=request, partition_key=after)
+    assert run.status == RunStatus.FAILED
+    error = run.attempts.order_by("-attempt_no").first().error
+    assert f"previous partition {gap}, which has no published version while {DAYS[-1]} has" in error
+    assert warehouse.current("running_totals", after) is None  # nothing wrong was published
+    # Built in order from the gap, the total carries on from the last published day.
+    assert run_to_end(personas, task_queue, job="running_totals", start=gap, end=after).status == \
+        RequestStatus.RECONCILING
+    day_before = gmv(warehouse, "running_totals", DAYS[-1], "gmv_to_date")
+    totals = gmv(warehouse, "running_totals", after, "gmv_to_date")
+    assert all(totals[c] >= day_before[c] for c in day_before)
