@@ -1,22 +1,69 @@
 """The Celery app: `celery -A backfill_portal worker`."""
 import logging
 import os
+import sys
+from pathlib import Path
 
 from celery import Celery
-from celery.signals import celeryd_init, setup_logging, task_postrun, task_prerun
+from celery.signals import beat_init, celeryd_init, setup_logging, task_postrun, task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backfill_portal.settings")
+
+
+def started_by_celery(argv: list[str]) -> bool:
+    """Whether this process is the `celery` command (`celery ...`, `python -m celery ...`)."""
+    program = Path(argv[0]) if argv and argv[0] else None
+    return program is not None and (program.name == "celery" or program.parent.name == "celery")
+
+
+if started_by_celery(sys.argv):
+    # Celery reads its configuration (Django's settings) while it parses the command
+    # line, before any signal: a bad environment value is one line here, as manage.py
+    # says it, not a traceback through click.
+    from django.conf import settings as _settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        _settings.INSTALLED_APPS  # noqa: B018 (loads the settings)
+    except ImproperlyConfigured as exc:
+        sys.exit(f"configuration error: {exc}")
 
 app = Celery("backfill_portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+def refuse_to_start_if_misconfigured(process: str) -> None:
+    """A worker or scheduler with a setting that would fail every task (a WAREHOUSE_URL
+    no backend serves, a metadata database that does not answer) stops at start with
+    one line (core/startup.py) instead of taking work."""
+    from backfill_portal.core.startup import configuration_problem
+
+    problem = configuration_problem(process=process)
+    if problem:
+        # To the real stderr: by now Celery may have redirected sys.stderr to its logger.
+        print(f"configuration error: {problem}", file=sys.__stderr__, flush=True)
+        raise SystemExit(1)
+
+
 @celeryd_init.connect
 def configure_logging_early(**kwargs) -> None:
     """The worker warns about running as root before it sets logging up: configure it
-    first, so that warning is a JSON line too."""
+    first, so that warning is a JSON line too. Then the worker's start-up checks."""
     configure_logging(redirect=False)
+    refuse_to_start_if_misconfigured("worker")
+
+
+@beat_init.connect
+def check_the_scheduler(**kwargs) -> None:
+    refuse_to_start_if_misconfigured("beat")
+
+
+def loglevel_given(argv: list[str]) -> bool:
+    """Whether `--loglevel`/`-l` was on the command line. Celery passes its default,
+    WARNING, when it was not, which hid every INFO line (a run's log included) of a
+    worker started as docs/deploy.md says: then LOG_LEVEL (settings.LOGGING) decides."""
+    return any(a in ("-l", "--loglevel") or a.startswith(("--loglevel=", "-l")) for a in argv[1:])
 
 
 @setup_logging.connect
@@ -32,7 +79,7 @@ def configure_logging(loglevel=None, redirect=True, **kwargs) -> None:
 
     dictConfig(settings.LOGGING)
     logging.captureWarnings(True)  # Celery's start-up warnings too
-    if loglevel:
+    if loglevel and loglevel_given(sys.argv):
         logging.getLogger().setLevel(loglevel)
     if redirect and app.conf.worker_redirect_stdouts:
         app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)

@@ -149,15 +149,30 @@ def is_pool_timeout(exc: BaseException | None) -> bool:
     return False
 
 
+def database_down_reason() -> str | None:
+    """After the pool's wait ran out: whether the server itself is down (a connection of
+    its own, short connect timeout), and the driver's reason, or None (it answers: busy)."""
+    from backfill_portal.core.startup import one_line, probe_database
+
+    try:
+        probe_database(timeout=2)
+    except Exception as exc:
+        return one_line(exc)
+    return None
+
+
 def database_busy_response(request: HttpRequest) -> HttpResponse:
     """503 with Retry-After: the request changed nothing, the same request later may pass."""
     from django.conf import settings
     from django.template.loader import render_to_string
 
     seconds = settings.DATABASE_POOL_TIMEOUT
-    message = (f"the portal is busy: no metadata database connection became free within {seconds:g} s "
-               "(every one of this process's connections is in use, or the database does not answer); "
-               "nothing was changed, try again shortly")
+    down = database_down_reason()
+    if down:
+        message = f"the metadata database does not answer ({down}); nothing was changed, try again shortly"
+    else:
+        message = (f"the portal is busy: no metadata database connection became free within {seconds:g} s "
+                   "(every one of this process's connections is in use); nothing was changed, try again shortly")
     if is_api_path(request.path):
         response = JsonResponse({"detail": message, "code": "database_busy"}, status=503)
     else:

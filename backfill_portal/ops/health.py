@@ -7,8 +7,14 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import connection
 
+from backfill_portal.core.startup import probe_database
+
 
 def check_database() -> None:
+    # First a connection of its own with a connect timeout, so a server that is down is
+    # named at once (the pool would wait DATABASE_POOL_TIMEOUT and say only "busy");
+    # then this process's own connection, which the pages use.
+    probe_database(timeout=settings.HEALTH_CHECK_TIMEOUT)
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")

@@ -56,11 +56,12 @@ def admin_conninfo() -> str:
 class Server:
     """gunicorn with gthread workers on a free port; its connections carry `app_name`."""
 
-    def __init__(self, tmp_path: Path, *, workers: int, threads: int, pool_max: int, pool_timeout: float):
+    def __init__(self, tmp_path: Path, *, workers: int, threads: int, pool_max: int, pool_timeout: float,
+                 database_url: str | None = None):
         self.app_name = f"bf_pool_test_{uuid.uuid4().hex[:8]}"
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_ALLOW_ASYNC_UNSAFE", "DJANGO_SETTINGS_MODULE")}
-        env.update(DATABASE_URL=database_url_for(self.app_name), DATABASE_POOL_MAX_SIZE=str(pool_max),
+        env.update(DATABASE_URL=database_url or database_url_for(self.app_name), DATABASE_POOL_MAX_SIZE=str(pool_max),
                    DATABASE_POOL_TIMEOUT=str(pool_timeout), LOG_LEVEL="WARNING")
         self.log_path = tmp_path / "gunicorn.log"
         self.log = open(self.log_path, "w")
@@ -218,3 +219,24 @@ def test_a_request_that_finds_no_free_connection_is_a_503_with_retry_after(perso
     assert held["status"] == 200, held
     assert server.get("/api/requests/", auth)[0] == 200
     assert server.get("/login/")[0] == 200
+
+
+def test_a_metadata_database_that_is_down_is_a_503_naming_it_and_readiness_says_so_within_its_timeout(start_server):
+    """The exploratory deploy test: with the server down every page waited the pool's
+    timeout and then blamed "busy", and /readyz took 10 s whatever HEALTH_CHECK_TIMEOUT
+    said. Now the 503 names the database and the driver's reason, and /readyz answers
+    within its own timeout."""
+    server = start_server(workers=1, threads=2, pool_max=2, pool_timeout=1,
+                          database_url="postgres://postgres@127.0.0.1:1/nowhere")
+    status, headers, body = server.get("/api/requests/")
+    assert status == 503 and headers["retry-after"] == "1"
+    answer = json.loads(body)
+    assert answer["code"] == "database_busy"
+    assert answer["detail"].startswith("the metadata database does not answer (") and "refused" in answer["detail"]
+    status, _, body = server.get("/login/")
+    assert status == 503 and b"does not answer" in body and b"Traceback" not in body
+    started = time.monotonic()
+    status, _, body = server.get("/readyz")
+    assert status == 503 and time.monotonic() - started < 3  # HEALTH_CHECK_TIMEOUT is 3, the pool's wait never starts
+    checks = json.loads(body)["checks"]
+    assert checks["database"]["ok"] is False and "refused" in checks["database"]["error"]
