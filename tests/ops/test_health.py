@@ -51,3 +51,12 @@ def test_readyz_is_503_naming_an_unreachable_broker(db, settings, warehouse):
                     reason="needs CELERY_BROKER_URL=redis://... (CI's second pass)")
 def test_readyz_reaches_the_configured_redis(db, warehouse):
     assert Client().get("/readyz").json()["checks"]["broker"] == {"ok": True}
+
+
+def test_another_method_on_the_probes_is_a_405_not_the_csrf_page(db):
+    """The exploratory deploy test: POST /healthz got the 403 'Form expired' page."""
+    client = Client(enforce_csrf_checks=True)
+    for path in ("/healthz", "/readyz", "/metrics"):
+        response = client.post(path)
+        assert response.status_code == 405, path
+        assert "GET" in response["Allow"]
