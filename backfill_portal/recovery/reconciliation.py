@@ -194,6 +194,21 @@ def _verdict(deviations: list[str], explanation: str) -> str:
     return Verdict.EXPLAINED if explanation.strip() else Verdict.UNEXPLAINED
 
 
+def _rolled_back_runs(run_pks: list[int]) -> dict[int, tuple]:
+    """{run pk: (when, why)} for the runs whose version was rolled back (one partition
+    of a request that goes on): readers no longer see what the row's numbers describe,
+    so the row is not "matched" until someone explains it."""
+    out: dict[int, tuple] = {}
+    for chunk in _chunks(run_pks):
+        for run_pk, at, restored, actor in (
+                Publication.objects.filter(previous_version__run_id__in=chunk, action=Publication.Action.ROLLBACK)
+                .order_by("id").values_list("previous_version__run_id", "published_at", "version__run__run_id",
+                                            "actor__username")):
+            out[run_pk] = (at, f"rolled back by {actor or 'system'} at {at:%Y-%m-%d %H:%M}: readers see "
+                               f"{restored} instead")
+    return out
+
+
 def _contaminations(run_pks: list[int]) -> dict[int, tuple]:
     """{run pk: (when the rollback found it, why)} for the runs whose version is in a
     rollback's contaminated closure (the nearest entry when there are several)."""
@@ -264,6 +279,7 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
                                     .order_by("id").values_list("id", "run_id", "interval_id")):
         after_runs[interval_id] = (pk, run_id)  # the latest one wins
     contaminated = _contaminations([pk for pk, _ in after_runs.values()])
+    taken_away = _rolled_back_runs([pk for pk, _ in after_runs.values()])
     source_measures = {
         run_pk: observed for run_pk, observed in CheckResult.objects.filter(
             run__request=request, name="measure_vs_source").values_list("run_id", "observed")}
@@ -341,6 +357,8 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
             row.verdict = Verdict.SKIPPED if skipped and not row.deviations else _verdict(row.deviations,
                                                                                           row.explanation)
             mark = contaminated.get(after[0]) if after is not None else None
+            if mark is None and after is not None:
+                mark = taken_away.get(after[0])
             if mark is not None:
                 found_at, why = mark
                 row.deviations.append(why)

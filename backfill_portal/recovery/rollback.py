@@ -216,6 +216,9 @@ def _mirror(moves: list[Move], *, actor, reason: str, then=None) -> None:
         _record_closure(moves, pubs, actor=actor, reason=reason, now=now)
         if then is not None:
             then()
+        else:
+            _reconcile_again({m.current.run.request_id: m.current.run.request for m in moves
+                              if m.current.run.request_id}, actor=actor, reason=reason)
     logger.info("rolled back %d partition(s): %s", len(moves),
                 ", ".join(f"{m.dataset.name}/{m.partition_key}" for m in moves))
 
@@ -357,8 +360,15 @@ def _record_closure(moves: list[Move], pubs: dict[int, Publication], *, actor, r
                  data={"count": len(closure), "closure": [
                      f"{e.version.dataset.name}/{e.version.partition_key}@{e.version.run.run_id} depth {e.depth} "
                      f"via {e.via.run.run_id}" for e in closure[:500]]})
-    affected = {e.version.run.request_id: e.version.run.request for e in closure if e.version.run.request_id}
-    for pk, req in sorted(affected.items()):
+    _reconcile_again({e.version.run.request_id: e.version.run.request for e in closure if e.version.run.request_id},
+                     actor=actor, reason=reason)
+
+
+def _reconcile_again(requests: dict[int, BackfillRequest], *, actor, reason: str) -> None:
+    """Requests whose published output a rollback took away or named: a completed one is
+    reopened (completed -> reconciling, its sign-off withdrawn) and each reconciling one
+    recomputed, so its reconciliation shows the interval unexplained, not "matched"."""
+    for pk, req in sorted(requests.items()):
         if req.status == RequestStatus.COMPLETED:
             signed = reconciliation_signoff_withdraw(request=req)
             request_reopen(req, actor=actor, reason=reason, signed_off=signed)

@@ -114,6 +114,16 @@ def test_partition_rollback_restores_one_partition_and_offers_its_rebuild(person
     assert warehouse.current("dwd_order_items", "2022-10-01") == runs_by_day(bad)["2022-10-01"].run_id  # untouched
     bad.refresh_from_db()
     assert bad.status == RequestStatus.RECONCILING
+    # Its reconciliation is recomputed: the interval readers no longer see is not
+    # "matched" (the exploratory test found it still was), the other one still is.
+    ready.drain()
+    rows = {(r["dataset"], r["partition_key"]): r
+            for r in api("audrey").get(f"/api/requests/{bad.pk}/reconciliation/").json()["rows"]}
+    taken = rows[("dwd_order_items", "2022-10-02")]
+    assert taken["status"] == "unexplained"
+    assert any(d.startswith("rolled back by olivia") and runs_by_day(good)["2022-10-02"].run_id in d
+               for d in taken["deviations"])
+    assert not any("rolled back" in d for d in rows[("dwd_order_items", "2022-10-01")]["deviations"])
     filed = api("olivia").post(body["rebuild"])
     assert filed.status_code == 201
     child = BackfillRequest.objects.get(pk=filed.json()["requests"][0])
