@@ -162,6 +162,9 @@ BAD_CATALOGS = {
                      f"datasets[{DS['monthly_summary']}].timezone"),
     "business_key_not_a_column": (variant(lambda d: dataset(d, "dwd_order_items").update(business_key=["order_id", "sku"])),
                                   f"datasets[{DS['dwd_order_items']}].business_key"),
+    # A file of another format, or a misspelt section, was read as "nothing declared".
+    "another_version": (variant(lambda d: d.update(version=99)), "version", "catalog version 99 is not supported"),
+    "misspelt_section": (variant(lambda d: d.update(dataset=d["datasets"])), "dataset", "unknown key"),
 }
 
 

@@ -36,3 +36,23 @@ def test_the_story_is_not_told_over_source_data_that_does_not_cover_its_history(
     assert lines == ["story: not told: the source data lacks 174 day(s) of 2022-09-01 .. 2022-11-30 "
                      "(load them with --first/--last)"]
     assert not BackfillRequest.objects.exists() and not Run.objects.exists()
+
+
+def test_bad_arguments_are_one_line_before_anything_is_written(db, warehouse):
+    """The exploratory tests: a reversed range or a date with no day after it failed with
+    a ValueError/OverflowError only after the users and the catalog were written, and a
+    negative scale was accepted."""
+    import pytest
+    from django.contrib.auth.models import User
+    from django.core.management import CommandError
+
+    from backfill_portal.catalog.models import Dataset
+
+    for args, message in ((("--first", "2022-12-01", "--last", "2022-01-01"), "--last 2022-01-01 is before --first"),
+                          (("--first", "9999-12-31", "--last", "9999-12-31"), "the demo needs the day after it"),
+                          (("--orders-per-day", "-5"), "--orders-per-day must be at least 1, not -5"),
+                          (("--first", "nope"), "--first/--last: Invalid isoformat string")):
+        with pytest.raises(CommandError) as exc:
+            call_command("load_demo", *args, stdout=StringIO())
+        assert message in str(exc.value), args
+    assert not User.objects.exists() and not Dataset.objects.exists()

@@ -188,3 +188,13 @@ def test_the_stale_page_of_a_fresh_dbt_job_lists_nothing_and_drafts_nothing(pers
     assert auditor.post(reverse("catalog-job-stale-draft", args=["daily_sales"])).status_code == 403
     assert client.get(reverse("catalog-job-stale", args=["nope"])).status_code == 404
     assert "Built by older code" in client.get(reverse("catalog-job", args=["daily_sales"])).content.decode()
+
+
+def test_an_unknown_draft_backfill_user_is_refused_before_anything_is_synced(personas, dbt_shop):
+    """The exploratory test: with nothing stale the flag was never read, so a typo exited
+    0 and said nothing."""
+    with pytest.raises(CommandError) as exc:
+        call_command("sync_dbt", str(dbt_shop), "--actor", "olivia", "--reason", SYNC_REASON,
+                     "--draft-backfill", "nosuch")
+    assert str(exc.value) == "--draft-backfill: 'nosuch' is not a user"
+    assert not Dataset.objects.exists() and not AuditEvent.objects.filter(action__startswith="catalog.").exists()

@@ -54,6 +54,10 @@ def definition_hash(definition: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+CATALOG_VERSION = 1
+CATALOG_KEYS = frozenset({"version", "teams", "pools", "datasets", "jobs"})
+
+
 class _Validator:
     def __init__(self, doc):
         self.doc = doc
@@ -90,6 +94,13 @@ def catalog_validate(doc: dict) -> dict:
     """Return a normalised plan, or raise CatalogError naming every problem."""
     v = _Validator(doc)
     users = {u.username: u for u in get_user_model().objects.all()}
+    # A file for another format (or a typo such as `dataset:`) is refused, not read as
+    # "nothing declared": 0 created, 0 changed said nothing was wrong.
+    version = doc.get("version", CATALOG_VERSION)
+    if version != CATALOG_VERSION or isinstance(version, bool):
+        v.err("version", f"catalog version {version!r} is not supported: this portal reads version {CATALOG_VERSION}")
+    for key in sorted(set(doc) - CATALOG_KEYS, key=str):
+        v.err(str(key), f"unknown key: a catalog has {', '.join(sorted(CATALOG_KEYS))}")
 
     teams = {}
     for i, t in enumerate(v.items("teams")):

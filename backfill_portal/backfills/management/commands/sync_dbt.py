@@ -24,6 +24,11 @@ class Command(PortalCommand):
     def handle(self, *args, path, actor, reason, draft_backfill, **options):
         # Who and why before dbt parses the project (seconds): the refusal comes at once.
         user, reason = actor_and_reason(actor, reason, does="syncs", changes="the catalog changes")
+        drafter = None
+        if draft_backfill:  # checked before anything is synced, whether or not anything turns out stale
+            drafter = get_user_model().objects.filter(username=draft_backfill).first()
+            if drafter is None:
+                raise CommandError(f"--draft-backfill: {draft_backfill!r} is not a user")
         try:
             report = dbt_sync(path=path, actor=user, reason=reason)
         except DbtSyncError as exc:
@@ -43,12 +48,9 @@ class Command(PortalCommand):
                                   f"(now {job.current_code_version.short_hash}): {keys}")
         if stale and not draft_backfill:
             self.stdout.write("file their rebuild with --draft-backfill USERNAME, or from each job's stale page")
-        if stale and draft_backfill:
-            actor = get_user_model().objects.filter(username=draft_backfill).first()
-            if actor is None:
-                raise CommandError(f"--draft-backfill: {draft_backfill!r} is not a user")
+        if stale and drafter is not None:
             try:
-                request = stale_backfill_draft(actor=actor, job_names=sorted(stale))
+                request = stale_backfill_draft(actor=drafter, job_names=sorted(stale))
             except ApplicationError as exc:
                 raise CommandError(f"--draft-backfill: {describe_failure(exc)}") from None
             self.stdout.write(f"draft request {request.pk} rebuilds them: submit it at /requests/{request.pk}/")

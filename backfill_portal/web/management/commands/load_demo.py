@@ -86,6 +86,20 @@ class Command(PortalCommand):
         from backfill_portal.web.demo.sources import days_missing, feed_demo_sources, load_demo_sources
         from backfill_portal.web.demo.story import HISTORY_FIRST, HISTORY_LAST, story_told, tell_story
 
+        # The arguments before anything is written (users and catalog came first before).
+        try:
+            days = {"first": date.fromisoformat(first), "last": date.fromisoformat(last)}
+        except ValueError as exc:
+            raise CommandError(f"--first/--last: {exc}") from None
+        if days["last"] < days["first"]:
+            raise CommandError(f"--last {last} is before --first {first}")
+        if days["last"] >= date.max:
+            raise CommandError(f"--last {last}: the demo needs the day after it")
+        if (days["last"] - days["first"]).days > 3660:
+            raise CommandError("--first/--last: at most ten years of demo data")
+        for name, value in (("--orders-per-day", orders_per_day), ("--page-views-per-hour", page_views_per_hour)):
+            if value is not None and value < 1:
+                raise CommandError(f"{name} must be at least 1, not {value}")
         warehouse = get_warehouse()  # reach both databases before writing to either
         # Well-known passwords on a production deployment would be open doors.
         with_passwords = settings.DEBUG or demo_passwords or settings.DEMO_PASSWORDS
@@ -106,10 +120,7 @@ class Command(PortalCommand):
             warehouse.ensure_dataset(spec_for(dataset))
         if no_data:
             return
-        try:
-            kwargs = {"first": date.fromisoformat(first), "last": date.fromisoformat(last)}
-        except ValueError as exc:
-            raise CommandError(f"--first/--last: {exc}") from None
+        kwargs = days
         scale = {}
         if orders_per_day:
             scale["orders_per_day"] = orders_per_day
