@@ -452,7 +452,7 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["backfill_portal.core.filters.PortalFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "backfill_portal.core.pagination.IdCursorPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "backfill_portal.core.api.exception_handler",

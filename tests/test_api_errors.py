@@ -351,3 +351,22 @@ def test_a_cursor_whose_position_is_not_an_id_is_a_404_not_a_500(api, path, posi
     # A real cursor still pages.
     good = base64.b64encode(b"p=5").decode()
     assert api("audrey").get(path, {"cursor": good}).status_code == 200
+
+
+@pytest.mark.parametrize("path, param", [("/api/datasets/", "is_source"), ("/api/jobs/", "depends_on_past"),
+                                         ("/api/jobs/", "scheduled")])
+def test_a_boolean_filter_reads_true_or_false_and_refuses_anything_else(api, catalog, path, param):
+    """The exploratory test: `?is_source=maybe` answered the whole unfiltered list."""
+    def names(value):
+        response = api("audrey").get(path, {param: value})
+        assert response.status_code == 200, response.content[:300]
+        return {item["name"] for item in response.json()["results"]}
+
+    everything = names("")
+    yes, no = names("true"), names("false")
+    assert yes | no == everything and not yes & no
+    assert names("1") == yes and names("0") == no
+    for bad in ("maybe", "yes!", "2"):
+        response = api("audrey").get(path, {param: bad})
+        assert response.status_code == 400, bad
+        assert param in response.json()["errors"]

@@ -1,0 +1,36 @@
+"""The API's query filters (django-filter), strict: a value a filter cannot read is a
+400 naming it, never the whole unfiltered list. django-filter reads a boolean through
+a select that turns anything it does not know ("maybe", "yes!") into "no filter", so
+`?is_source=maybe` answered every dataset; here a boolean is one of true/false/1/0."""
+from __future__ import annotations
+
+import django_filters
+from django.db import models
+from django_filters.filterset import FILTER_FOR_DBFIELD_DEFAULTS
+from django_filters.rest_framework import DjangoFilterBackend, FilterSet
+from drf_spectacular.utils import extend_schema_field
+
+TRUE = ("true", "1")
+BOOLEAN_CHOICES = [("true", "true"), ("false", "false"), ("1", "1"), ("0", "0")]
+
+
+def _as_bool(value: str) -> bool:
+    return value in TRUE
+
+
+@extend_schema_field({"type": "string", "enum": [value for value, _ in BOOLEAN_CHOICES]})
+class StrictBooleanFilter(django_filters.TypedChoiceFilter):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("choices", BOOLEAN_CHOICES)
+        kwargs.setdefault("coerce", _as_bool)
+        super().__init__(*args, **kwargs)
+
+
+class PortalFilterSet(FilterSet):
+    FILTER_DEFAULTS = {**FILTER_FOR_DBFIELD_DEFAULTS, models.BooleanField: {"filter_class": StrictBooleanFilter}}
+
+
+class PortalFilterBackend(DjangoFilterBackend):
+    """DjangoFilterBackend with the strict filters for `filterset_fields`."""
+
+    filterset_base = PortalFilterSet
