@@ -370,3 +370,15 @@ def test_a_boolean_filter_reads_true_or_false_and_refuses_anything_else(api, cat
         response = api("audrey").get(path, {param: bad})
         assert response.status_code == 400, bad
         assert param in response.json()["errors"]
+
+
+def test_a_request_for_a_source_dataset_says_it_is_a_source(api, catalog):
+    """The exploratory test: job=ods_order_events was refused as if it did not exist."""
+    body = {"job": "ods_order_events", "start": "2022-10-01", "end": "2022-10-01", "reason": "try"}
+    response = api("alice").post("/api/requests/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["errors"]["job"] == [
+        "'ods_order_events' is a source dataset: it is read as it arrives, no job produces it, so it is not backfilled"]
+    body["job"] = "no_such_job"
+    assert api("alice").post("/api/requests/", body, format="json").json()["errors"]["job"] == [
+        "job 'no_such_job' does not exist"]

@@ -29,7 +29,7 @@ from backfill_portal.backfills.transitions import (
     step_transition,
 )
 from backfill_portal.catalog.lineage import LineageGraph, covered_partitions
-from backfill_portal.catalog.models import Job
+from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.core.errors import ConflictError, ValidationError
 from backfill_portal.core.outbox import enqueue
 from backfill_portal.core.services.audit import audit_record
@@ -86,7 +86,10 @@ def backfill_request_create(
     errors: dict[str, list[str]] = {}
     job_obj = Job.objects.select_related("dataset", "current_code_version").filter(name=job).first()
     if job_obj is None:
-        errors.setdefault("job", []).append(f"job {job!r} does not exist")
+        source = Dataset.objects.filter(name=str(job), is_source=True).exists()
+        errors.setdefault("job", []).append(
+            f"{job!r} is a source dataset: it is read as it arrives, no job produces it, so it is not backfilled"
+            if source else f"job {job!r} does not exist")
     elif job_obj.dataset.is_source:
         errors.setdefault("job", []).append(f"{job} reads a source; sources are not backfilled")
     reason = (reason or "").strip()
