@@ -266,6 +266,12 @@ def database_config(url: str, process: str = "command") -> dict:
                                        conn_health_checks=True)
     except Exception as exc:  # dj_database_url raises bare ValueError/KeyError
         raise ImproperlyConfigured(f"cannot parse database URL {url!r}: {exc}") from None
+    if config["ENGINE"] not in ("django.db.backends.postgresql", "django.db.backends.sqlite3"):
+        # The metadata database is PostgreSQL (or SQLite for trying it out): the migrations,
+        # the audit triggers and the roles are written for those two.
+        scheme = url.split("://", 1)[0]
+        raise ImproperlyConfigured(f"DATABASE_URL: {scheme}:// is not supported; use postgres://... (or sqlite:///... "
+                                   "to try it out)")
     if config["ENGINE"] == "django.db.backends.postgresql" and env_bool("DATABASE_PREPARED", True):
         # Server-side parameters, so psycopg prepares a statement after its fifth use
         # on a connection: the worker repeats the same few dozen statements for every

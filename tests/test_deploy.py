@@ -28,6 +28,13 @@ def test_check_deploy_is_clean_with_production_settings():
     assert "no issues" in result.stdout
 
 
+def test_a_database_the_portal_does_not_support_is_named_at_start():
+    result = manage("check", DATABASE_URL="mysql://root@127.0.0.1/portal")
+    assert result.returncode != 0
+    assert result.stderr.strip() == ("configuration error: DATABASE_URL: mysql:// is not supported; use "
+                                     "postgres://... (or sqlite:///... to try it out)")
+
+
 def test_bad_environment_values_fail_loudly():
     result = manage("check", DEBUG="maybe")
     assert result.returncode != 0 and "DEBUG='maybe' is not a boolean" in result.stderr
