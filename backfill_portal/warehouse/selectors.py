@@ -11,6 +11,7 @@ def partition_state(*, dataset_name: str, partition_key: str) -> dict:
     dataset = Dataset.objects.filter(name=dataset_name).first()
     if dataset is None:
         raise NotFound(f"dataset {dataset_name!r} does not exist")
+    partition_key = canonical_partition_key(dataset, partition_key)
     current = None if dataset.is_source else get_warehouse().current(dataset.name, partition_key)
     publications = list(Publication.objects.filter(dataset=dataset, partition_key=partition_key)
                         .select_related("version__run", "previous_version__run", "actor", "dataset"))
@@ -20,6 +21,21 @@ def partition_state(*, dataset_name: str, partition_key: str) -> dict:
         raise NotFound(f"{dataset_name} has no version of partition {partition_key}")
     return {"dataset": dataset, "partition_key": partition_key, "current_run_id": current,
             "publications": publications, "versions": versions}
+
+
+def canonical_partition_key(dataset: Dataset, key: str) -> str:
+    """`key` as the catalog writes it: an hour given in UTC (`2026-12-07T11:00Z`) or with
+    seconds (`06:00:00-05:00`), as a request's bounds may be, is the partition
+    `2026-12-07T06:00-05:00` of a New York dataset. `key` itself when it names no
+    partition of the dataset (the lookup then finds nothing: a 404)."""
+    from backfill_portal.catalog.calendar import parse_partition, partition_for
+    from backfill_portal.core.errors import ValidationError
+
+    try:
+        local = parse_partition(grain=dataset.grain, timezone=dataset.timezone, value=key, field="partition")
+        return partition_for(grain=dataset.grain, timezone=dataset.timezone, at=local).partition_key
+    except (ValidationError, ValueError, OverflowError):
+        return key
 
 
 def publications_in_effect(rows: list[Contamination]) -> dict[tuple[int, str], Publication]:

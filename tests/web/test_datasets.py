@@ -216,3 +216,22 @@ def test_an_unreachable_warehouse_is_a_503_naming_it_on_pages_and_the_api(web, a
         assert body["code"] == "unavailable" and "cannot connect to the warehouse" in body["detail"]
     finally:
         reset_warehouse_cache()
+
+
+def test_an_hourly_partition_spelt_another_way_is_found(web, api, personas, catalog, demo_sources, task_queue):
+    """The exploratory test: request bounds accept an hour in UTC or with seconds, but the
+    partition pages answered 404 'no version' for those spellings of a published hour."""
+    from tests.extending.helpers import approved_request
+
+    key = "2022-10-01T06:00-04:00"  # New York, summer time
+    approved_request(personas, "page_views_hourly", day=key)
+    task_queue.drain()
+    assert web("oscar").get(f"/datasets/page_views_hourly/partitions/{key}/").status_code == 200
+    for other in ("2022-10-01T10:00Z", "2022-10-01T06:00:00-04:00", "2022-10-01T10:00+00:00"):
+        response = web("oscar").get(f"/datasets/page_views_hourly/partitions/{other}/")
+        assert response.status_code == 302 and response["Location"] == f"/datasets/page_views_hourly/partitions/{key}/"
+        body = api("oscar").get(f"/api/datasets/page_views_hourly/partitions/{other}/")
+        assert body.status_code == 200 and body.json()["partition_key"] == key and body.json()["current_run_id"]
+    # An hour that is not published, or not an hour at all, is still a 404.
+    assert web("oscar").get("/datasets/page_views_hourly/partitions/2022-10-01T11:00Z/").status_code == 404
+    assert web("oscar").get("/datasets/page_views_hourly/partitions/2022-10-01T06:30-04:00/").status_code == 404

@@ -57,6 +57,7 @@ def partition_detail(request, name: str, key: str):
     from backfill_portal.recovery.rollback import partition_contamination
 
     state = partition_state(dataset_name=name, partition_key=key)
+    key = state["partition_key"]  # as the catalog writes it, whichever spelling was asked
     mark = None if state["dataset"].is_source else partition_contamination(dataset=state["dataset"],
                                                                             partition_key=key)
     return Response({

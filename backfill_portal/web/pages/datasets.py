@@ -10,7 +10,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Max
 from django.http import HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -89,7 +89,7 @@ def _partition_context(user, name: str, key: str) -> dict:
     number of queries: the dataset, its publications, its versions (partition_state),
     and the consumers of the current version."""
     state = partition_state(dataset_name=name, partition_key=key)
-    ds, pubs, versions = state["dataset"], state["publications"], state["versions"]
+    ds, pubs, versions, key = state["dataset"], state["publications"], state["versions"], state["partition_key"]
     current_run_id = state["current_run_id"]
     current = next((v for v in versions if v.run.run_id == current_run_id), None) if current_run_id else None
     in_effect = next((p for p in pubs if p.version.run.run_id == current_run_id), None) if current_run_id else None
@@ -121,6 +121,9 @@ def _partition_context(user, name: str, key: str) -> dict:
 @application_errors
 def partition_detail(request, name: str, key: str):
     ctx = _partition_context(request.user, name, key)
+    if ctx["key"] != key:  # another spelling of the partition (an hour in UTC, ...): its own address
+        return redirect("partition", name, ctx["key"])
+    key = ctx["key"]
     rolled = ctx["recent_rollback"]
     # After a rollback: who read the version that was rolled back (one query).
     ctx["rolled_back_consumers"] = consumers_of([rolled.previous_version]) if rolled and rolled.previous_version_id \
