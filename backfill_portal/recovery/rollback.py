@@ -439,6 +439,12 @@ def _closure_of(*, request: BackfillRequest | None = None, dataset: Dataset | No
     return rows.filter(rollback__dataset=dataset, rollback__partition_key=partition_key)
 
 
+def built_from_rolled_back(version: Version | None) -> bool:
+    """Whether `version` is in some rollback's contaminated closure (the confirmation
+    page warns before a rollback restores such a version)."""
+    return version is not None and Contamination.objects.filter(version=version).exists()
+
+
 def _restored_tainted(moves: list[Move]) -> list[dict]:
     """The moves whose restored version was itself built from a rolled-back input (the
     rollback of a rebuild goes back to what the rebuild replaced): readers see it again,
@@ -618,6 +624,7 @@ def partition_rollback_rebuild(*, actor, dataset: str, partition_key: str) -> li
 
 __all__ = [
     "Contaminated",
+    "built_from_rolled_back",
     "closure_entries",
     "consumers_of",
     "contaminated_closure",

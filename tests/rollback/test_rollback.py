@@ -260,7 +260,7 @@ def test_a_rollback_interrupted_before_its_mirror_is_finished_not_repeated(perso
 
 
 def test_rolling_back_a_rebuild_names_the_tainted_versions_it_restores_and_a_new_rebuild_is_filed(
-        personas, ready, warehouse, api, incident):
+        personas, ready, warehouse, api, web, incident):
     """The exploratory test: after the rebuild request was itself rolled back, readers
     saw the versions built from the bad input again, the rollback's answer did not say
     so, and "rebuild" handed back the rolled-back rebuild, filing nothing."""
@@ -272,6 +272,9 @@ def test_rolling_back_a_rebuild_names_the_tainted_versions_it_restores_and_a_new
     assert api("sam").post(f"/api/requests/{first['id']}/approve/", {}, format="json").status_code == 200
     ready.drain()
 
+    # The confirmation page of a partition rollback says so before anything moves.
+    page = web("oscar").get(f"/datasets/dws_sales_daily/partitions/{DAYS[0]}/rollback/").content.decode()
+    assert 'id="target-tainted"' in page and dws_runs[DAYS[0]].run_id in page.split('id="target-tainted"')[1]
     # The rebuild is rolled back: dws goes back to the versions built on the doubled input.
     undo = api("oscar").post(f"/api/requests/{first['id']}/rollback/", {"reason": "rebuild was wrong"},
                              format="json")

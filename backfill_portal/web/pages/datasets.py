@@ -32,6 +32,7 @@ from backfill_portal.warehouse.models import Contamination, Publication
 from backfill_portal.backends import get_warehouse
 from backfill_portal.warehouse.selectors import partition_state
 from backfill_portal.recovery.rollback import (
+    built_from_rolled_back,
     consumers_of,
     impact_preview,
     partition_contamination,
@@ -140,6 +141,7 @@ def _with_consumers(ctx: dict) -> dict:
     ctx["consumers"] = consumers_of([ctx["current"]]) if ctx["current"] is not None else []
     ctx["impact"] = impact_preview([ctx["current"]]) if ctx["current"] is not None else []
     ctx["consumer_datasets"] = sorted({c["dataset"] for c in ctx["consumers"]})
+    ctx["target_tainted"] = built_from_rolled_back(ctx["target"])
     return ctx
 
 

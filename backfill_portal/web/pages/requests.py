@@ -498,6 +498,9 @@ def _run_action(verb: str, request, pk: int) -> str:
         text = (f"Request #{pk} rolled back: {len(result['partitions'])} partition(s) show their previous verified "
                 f"version again; {len(result['consumers'])} consumer run(s) had read the rolled-back versions; "
                 f"{len(result['impact'])} published partition(s) were built from them and are marked until rebuilt.")
+        if result["restored_tainted"]:
+            text += (f" {len(result['restored_tainted'])} partition(s) went back to versions that were themselves built "
+                     "from a rolled-back input: they are marked again until a new rebuild replaces them.")
         if form.cleaned_data.get("rebuild") and result["impact"]:
             try:
                 filed = rollback_rebuild(actor=user, request_id=pk)
