@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
-from backfill_portal.catalog.calendar import PlannedInterval
+from backfill_portal.catalog.calendar import PlannedInterval, partition_for
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ValidationError
 from backfill_portal.warehouse.models import Publication
@@ -79,6 +80,28 @@ def stale_later(*, job: Job, after: PlannedInterval, exclude: Iterable[str] = ()
                       included=[p for p in later if p.partition_key not in dropped],
                       excluded=[p.partition_key for p in later if p.partition_key in dropped],
                       dropped_intervals=[p for p in later if p.partition_key in dropped])
+
+
+def gap_before(*, job: Job, first: PlannedInterval) -> str | None:
+    """Why `first` cannot be built yet, or None. A depends_on_past partition reads the
+    one before it; where the dataset begins there is none, and it starts from nothing.
+    With an earlier partition published but not the previous one (a gap), it would start
+    from nothing in the middle of the history: a running total one day's worth, matched
+    by every check. The message names the first missing partition to start from."""
+    if not job.depends_on_past:
+        return None
+    dataset = job.dataset
+    latest = (Publication.objects.filter(dataset_id=dataset.pk, version__run__data_interval_end__lte=first.start)
+              .order_by("-version__run__data_interval_end")
+              .values_list("partition_key", "version__run__data_interval_end").first())
+    if latest is None or latest[1] >= first.start:
+        return None  # where the dataset begins, or its previous partition is published
+    missing = partition_for(grain=dataset.grain, timezone=dataset.timezone, at=latest[1]).partition_key
+    previous = partition_for(grain=dataset.grain, timezone=dataset.timezone,
+                             at=first.start - timedelta(microseconds=1)).partition_key
+    return (f"{dataset.name} {first.partition_key} depends on its previous partition {previous}, which was never "
+            f"published (the latest before it is {latest[0]}): start {job.name} from {missing}, or it would "
+            "start from nothing")
 
 
 def check_exclusions(exclude: dict[str, list[str]] | None, planned: dict[str, StaleLater]) -> list[str]:

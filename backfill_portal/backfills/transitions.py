@@ -20,7 +20,9 @@ REQUEST_EDGES: dict[str, frozenset[str]] = {
     R.APPROVED: frozenset({R.RUNNING, R.CANCELLED}),
     R.RUNNING: frozenset({R.RECONCILING, R.FAILED, R.CANCELLED}),
     R.RECONCILING: frozenset({R.COMPLETED, R.RUNNING, R.FAILED, R.ROLLED_BACK}),
-    R.FAILED: frozenset({R.RUNNING, R.ROLLED_BACK}),
+    # Retried, rolled back, or given up (cancelled with a reason): a failed request that
+    # published some partitions and cannot be retried into success must still end.
+    R.FAILED: frozenset({R.RUNNING, R.ROLLED_BACK, R.CANCELLED}),
     # Reopened when an input of what it published is rolled back later (rollback.py).
     R.COMPLETED: frozenset({R.RECONCILING, R.ROLLED_BACK}),
     R.REJECTED: frozenset(),

@@ -386,6 +386,36 @@ def test_callable_that_raises_stops_at_max_attempts_and_the_queue_drains(persona
     assert {r.attempts.count() for r in Run.objects.filter(request=request)} == {3}
 
 
+def test_a_failed_request_can_be_given_up_with_a_reason(personas, ready, warehouse):
+    """The exploratory test: a failed request that a retry cannot fix could not be
+    cancelled (409 'it cannot become cancelled'), nor rolled back when it published
+    nothing: it stayed failed for good. Now on-call cancels it; its failed intervals end."""
+    from django.test import Client
+
+    from backfill_portal.core.models import AuditEvent
+
+    Job.objects.filter(name="dwd_order_items_py").update(max_attempts=1)
+    test_jobs.CRASH.update(after_fraction=0.0, times=100)
+    try:
+        request = approved_request(personas, job="dwd_order_items_py", start="2022-10-01", end="2022-10-02")
+        ready.drain()
+    finally:
+        test_jobs.CRASH.update(after_fraction=None, times=0)
+    request.refresh_from_db()
+    assert request.status == RequestStatus.FAILED
+    client = Client()
+    client.force_login(personas["oscar"])
+    page = client.get(f"/requests/{request.pk}/").content.decode()
+    assert f'action="/requests/{request.pk}/cancel/"' in page
+    assert client.post(f"/requests/{request.pk}/cancel/", {"reason": "the source is gone"}).status_code == 302
+    request.refresh_from_db()
+    assert request.status == RequestStatus.CANCELLED
+    assert set(Interval.objects.filter(request=request).values_list("status", flat=True)) == {IntervalStatus.CANCELLED}
+    assert AuditEvent.objects.filter(request_id=request.pk, action="request.cancel", from_state="failed",
+                                     reason="the source is gone", actor_name="oscar").exists()
+    assert not ready.sent
+
+
 def test_cancel_stops_queued_runs_and_nothing_becomes_visible(personas, ready, warehouse):
     request = approved_request(personas, start="2022-10-01", end="2022-10-03")
     ready.drain(limit=1)  # dispatch only: runs queued

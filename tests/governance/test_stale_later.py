@@ -322,25 +322,33 @@ def test_the_form_preview_lists_the_stale_partitions_and_a_ticked_box_excludes_o
     assert not Interval.objects.filter(request__job__name="dws_sales_daily", status=IntervalStatus.QUEUED).exists()
 
 
-def test_a_depends_on_past_partition_after_a_gap_fails_naming_the_missing_one_instead_of_starting_from_zero(
-        personas, task_queue, warehouse, history):
-    """The exploratory test: a cascade rebuilt a running total whose previous partition
-    had never been published; it read it as empty and published one day's sum as the
-    total to date, matched by every check. With earlier partitions published, a missing
-    previous one is a gap: the run fails and says which partition to build first."""
-    gap, after = "2022-10-06", "2022-10-07"
+def test_a_depends_on_past_partition_after_a_gap_is_refused_naming_where_to_start(
+        personas, task_queue, warehouse, history, api):
+    """The exploratory tests: a request (or a cascade) built a running total whose
+    previous partition had never been published: it read it as empty and published one
+    day's sum as the total to date, matched by every check; once refused at run time,
+    upstream layers and side effects had already been published. The plan refuses it,
+    naming the first missing partition (not merely the previous one, itself missing)."""
+    gap, after = "2022-10-06", "2022-10-08"
     for job in ("dwd_order_items", "dws_sales_daily"):
         assert run_to_end(personas, task_queue, job=job, start=gap, end=after).status == RequestStatus.RECONCILING
-    request = run_to_end(personas, task_queue, job="running_totals", start=after, end=after)
-    assert request.status == RequestStatus.FAILED
-    run = Run.objects.get(request=request, partition_key=after)
-    assert run.status == RunStatus.FAILED
-    error = run.attempts.order_by("-attempt_no").first().error
-    assert f"previous partition {gap}, which has no published version while {DAYS[-1]} has" in error
-    assert warehouse.current("running_totals", after) is None  # nothing wrong was published
-    # Built in order from the gap, the total carries on from the last published day.
-    assert run_to_end(personas, task_queue, job="running_totals", start=gap, end=after).status == \
-        RequestStatus.RECONCILING
+    body = {"job": "running_totals", "start": after, "end": after, "reason": "late rows"}
+    response = api("alice").post("/api/requests/", body, format="json")
+    assert response.status_code == 400
+    (message,) = response.json()["errors"]["start"]
+    assert message == ("running_totals 2022-10-08 depends on its previous partition 2022-10-07, which was never "
+                       f"published (the latest before it is {DAYS[-1]}): start running_totals from {gap}, or it "
+                       "would start from nothing")
+    # A cascade that would rebuild it is refused the same way, before anything upstream runs.
+    response = api("alice").post("/api/requests/", {**body, "job": "dws_sales_daily", "cascade": "cascade"},
+                                 format="json")
+    assert response.status_code == 400 and "start running_totals from 2022-10-06" in response.json()["errors"][
+        "cascade"][0]
+    assert not BackfillRequest.objects.filter(job__name__in=["running_totals", "dws_sales_daily"],
+                                              first_partition=after).exists()
+    # From the first missing partition it is planned, and the total carries on.
+    request = run_to_end(personas, task_queue, job="running_totals", start=gap, end=after)
+    assert request.status == RequestStatus.RECONCILING
     day_before = gmv(warehouse, "running_totals", DAYS[-1], "gmv_to_date")
     totals = gmv(warehouse, "running_totals", after, "gmv_to_date")
     assert all(totals[c] >= day_before[c] for c in day_before)

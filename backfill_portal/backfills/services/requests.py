@@ -21,7 +21,13 @@ from backfill_portal.catalog.calendar import PlannedInterval, first_unended, pla
 from backfill_portal.backfills.services.notifications import notify_approvers
 from backfill_portal.backfills.services.run_control import run_control
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
-from backfill_portal.backfills.staleness import StaleLater, check_exclusions, published_after, stale_later
+from backfill_portal.backfills.staleness import (
+    StaleLater,
+    check_exclusions,
+    gap_before,
+    published_after,
+    stale_later,
+)
 from backfill_portal.backfills.transitions import (
     REQUEST_ACTIVE,
     intervals_bulk_transition,
@@ -147,6 +153,8 @@ def backfill_request_create(
                 errors.setdefault("start", []).append(exc.message)
         if unended := not_ended(job=job_obj, planned=planned, now=now):
             errors.setdefault("end", []).extend(unended)
+    if planned and not errors and (gap := gap_before(job=job_obj, first=planned[0])):
+        errors.setdefault("start", []).append(gap)
     stale: dict[str, StaleLater] = {}
     if planned and not errors and job_obj.depends_on_past:
         try:
@@ -168,6 +176,10 @@ def backfill_request_create(
             errors.setdefault("end", []).extend(unended)
     elif node_actions:
         errors.setdefault("node_actions", []).append("node actions need cascade or handoff")
+    for node in cascade_plan:  # a depends_on_past node the cascade rebuilds: the same gap check
+        if node.action == NodeAction.REBUILD and node.partitions and (
+                gap := gap_before(job=node.job, first=node.partitions[0])):
+            errors.setdefault("cascade", []).append(gap)
     stale.update({n.job.name: n.stale for n in cascade_plan if n.stale is not None})
     unplanned = check_exclusions(exclude_stale, stale) if planned and not errors else []
     if unplanned:
@@ -526,6 +538,9 @@ def backfill_request_cancel(*, actor, request_id, reason: str) -> BackfillReques
             step.request = request
             step_transition(step, to=StepStatus.CANCELLED, actor=actor, comment="request cancelled")
         intervals_bulk_transition(request, frm=IntervalStatus.PLANNED, to=IntervalStatus.CANCELLED, actor=actor,
+                                  reason="request cancelled")
+        # A failed request given up: its failed intervals will not be retried either.
+        intervals_bulk_transition(request, frm=IntervalStatus.FAILED, to=IntervalStatus.CANCELLED, actor=actor,
                                   reason="request cancelled")
         if had_work:  # once this commits, its runs (execution's) stop; if that is lost, the sweeper stops them
             pk = request.pk

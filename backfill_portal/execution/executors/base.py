@@ -17,7 +17,8 @@ from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
 from backfill_portal.backends import Marker, WarehouseBackend
-from backfill_portal.catalog.calendar import previous_partition
+from backfill_portal.backfills.staleness import gap_before
+from backfill_portal.catalog.calendar import PlannedInterval, previous_partition
 from backfill_portal.catalog.lineage import covered_partition_keys
 from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.catalog.specs import spec_for
@@ -25,7 +26,7 @@ from backfill_portal.catalog.sqlcheck import TemplateError, check_template
 from backfill_portal.core.rows import insert_new_rows
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Run
-from backfill_portal.warehouse.models import Consumption, Publication, Version
+from backfill_portal.warehouse.models import Consumption, Version
 
 _env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
 # Every run of a job renders the same frozen template (and verification its checks):
@@ -144,24 +145,15 @@ def pin_inputs(run: Run, warehouse: WarehouseBackend, *, first_attempt: bool = F
             version = Version.objects.filter(run__run_id=prev_run).first()
             records.append(Consumption(run=run, dataset=job.dataset, partition_key=prev_key, version=version, pinned_at=now))
         else:
-            _refuse_a_gap_in_the_past(job, run.partition_key, prev_key)
+            # Where the dataset begins there is no previous partition; in a gap there
+            # must be one (the plan refuses it; this holds if it appeared since): the
+            # attempt fails naming where to start instead of starting from nothing.
+            here = PlannedInterval(run.partition_key, run.data_interval_start, run.data_interval_end,
+                                   job.dataset.grain, job.dataset.timezone)
+            if gap := gap_before(job=job, first=here):
+                raise ExecutionError(gap)
     insert_new_rows(records, ignore_conflicts=True)
     return pins
-
-
-def _refuse_a_gap_in_the_past(job: Job, partition_key: str, prev_key: str) -> None:
-    """A depends_on_past job reads its previous partition as empty only where the
-    dataset begins. With an earlier partition published and this one's previous missing
-    (a gap), it would silently start its running total from zero: the attempt fails
-    naming the partition to build first."""
-    earlier = (Publication.objects.filter(dataset=job.dataset, action=Publication.Action.PUBLISH)
-               .filter(partition_key__lt=prev_key).order_by("-partition_key")
-               .values_list("partition_key", flat=True).first())
-    if earlier is not None:
-        raise ExecutionError(
-            f"{job.dataset.name} {partition_key} depends on its previous partition {prev_key}, which has no "
-            f"published version while {earlier} has: it would start from nothing. Backfill "
-            f"{job.dataset.name} from {prev_key} (or the first missing partition after {earlier}) first")
 
 
 class LazyPins:
