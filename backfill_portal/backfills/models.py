@@ -173,7 +173,8 @@ class Verdict(models.TextChoices):
     EXPLAINED = "explained"
     UNEXPLAINED = "unexplained"
     # Not run on purpose (a side-effect node not authorised, a node the requester
-    # skipped): nothing was compared, so it is neither matched nor waiting for a word.
+    # skipped, an interval cancelled with its request): nothing was compared, so it is
+    # neither matched nor waiting for a word.
     SKIPPED = "skipped"
 
 

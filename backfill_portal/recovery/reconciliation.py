@@ -271,7 +271,10 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
     by_job: dict[int, list[dict]] = defaultdict(list)
     for iv in intervals:
         by_job[iv["job_id"]].append(iv)
-        if iv["status"] == I.SKIPPED:
+        # Not run on purpose: skipped by the plan, or cancelled with the request (a
+        # decision with its reason in the audit log and under exceptions.cancelled),
+        # so nothing was compared and nothing awaits an explanation.
+        if iv["status"] in (I.SKIPPED, I.CANCELLED):
             skipped_intervals.add(iv["id"])
     after_runs: dict[int, tuple[int, str]] = {}
     for pk, run_id, interval_id in (Run.objects.filter(request=request, run_type=RunType.BACKFILL,

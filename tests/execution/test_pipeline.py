@@ -386,6 +386,14 @@ def test_callable_that_raises_stops_at_max_attempts_and_the_queue_drains(persona
     assert {r.attempts.count() for r in Run.objects.filter(request=request)} == {3}
 
 
+def api_client(user):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
 def test_a_failed_request_can_be_given_up_with_a_reason(personas, ready, warehouse):
     """The exploratory test: a failed request that a retry cannot fix could not be
     cancelled (409 'it cannot become cancelled'), nor rolled back when it published
@@ -414,6 +422,11 @@ def test_a_failed_request_can_be_given_up_with_a_reason(personas, ready, warehou
     assert AuditEvent.objects.filter(request_id=request.pk, action="request.cancel", from_state="failed",
                                      reason="the source is gone", actor_name="oscar").exists()
     assert not ready.sent
+    # Its reconciliation lists the cancelled intervals as not run on purpose, not as
+    # "unexplained" (the exploratory test found a cancelled request showing 52 of them).
+    body = api_client(personas["audrey"]).get(f"/api/requests/{request.pk}/reconciliation/").json()
+    assert {r["status"] for r in body["rows"]} == {"skipped"}
+    assert len(body["manifest"]["exceptions"]["cancelled"]) == 2
 
 
 def test_cancel_stops_queued_runs_and_nothing_becomes_visible(personas, ready, warehouse):
