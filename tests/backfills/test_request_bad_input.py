@@ -161,3 +161,19 @@ def test_cancelling_a_completed_request_is_a_conflict(api, alice, catalog):
     assert "status" in response.json()["errors"]
     assert BackfillRequest.objects.get(pk=request.pk).status == RequestStatus.COMPLETED
     assert counts() == before
+
+
+def test_a_depends_on_past_job_refuses_an_order_it_cannot_run_in(api, personas):
+    """The exploratory test: `backward` was accepted for a running total, shown on the
+    request page, and the partitions ran oldest first anyway."""
+    from backfill_portal.catalog.services.sync import catalog_sync
+    from tests.reconciliation.helpers import catalog_text
+
+    catalog_sync(text=catalog_text(deep=True))
+    for strategy in ("backward", "parallel"):
+        response = api("alice").post("/api/requests/", {"job": "gmv_to_date", "start": "2022-10-01",
+                                                        "end": "2022-10-02", "reason": "r", "strategy": strategy},
+                                     format="json")
+        assert response.status_code == 400
+        assert response.json()["errors"]["strategy"] == [
+            "gmv_to_date depends on its past: its partitions run oldest first, so the strategy is forward"]

@@ -105,6 +105,11 @@ def backfill_request_create(
         errors.setdefault("cascade", []).append(problem)
     if strategy not in Strategy.values:
         errors.setdefault("strategy", []).append(f"{strategy!r} is not one of {', '.join(Strategy.values)}")
+    elif strategy != Strategy.FORWARD and job_obj is not None and job_obj.depends_on_past:
+        # Each partition reads the one before: they run oldest first whatever is asked,
+        # and the request page would show an order that never happened.
+        errors.setdefault("strategy", []).append(
+            f"{job_obj.name} depends on its past: its partitions run oldest first, so the strategy is forward")
     if not isinstance(max_active_intervals, int) or not 1 <= max_active_intervals <= MAX_ACTIVE_INTERVALS_LIMIT:
         errors.setdefault("max_active_intervals", []).append(f"must be a whole number from 1 to {MAX_ACTIVE_INTERVALS_LIMIT}")
     effect_jobs = list(Job.objects.filter(name__in=list(side_effects or [])))
