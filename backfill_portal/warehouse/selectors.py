@@ -38,6 +38,28 @@ def canonical_partition_key(dataset: Dataset, key: str) -> str:
         return key
 
 
+def built_on_a_replaced_past(dataset: Dataset, current: dict[str, str]) -> dict[str, dict]:
+    """For a depends_on_past dataset, the partitions among `current` ({key: run_id readers
+    see}) whose version read a previous partition readers no longer see there: a later
+    request republished it and the rebuild of what came after was cancelled or excluded.
+    {key: {"previous": key, "read": run_id, "now": run_id or None}}. Two queries and one
+    warehouse read, whatever the number of partitions."""
+    from backfill_portal.catalog.models import Job
+    from backfill_portal.warehouse.models import Consumption
+
+    if dataset.is_source or not current or not Job.objects.filter(dataset=dataset, depends_on_past=True).exists():
+        return {}
+    by_run = {run_id: key for key, run_id in current.items() if run_id}
+    reads = list(Consumption.objects.filter(run__run_id__in=list(by_run), dataset=dataset)
+                 .values_list("run__run_id", "partition_key", "version__run__run_id"))
+    now = get_warehouse().current_many(dataset.name, sorted({previous for _, previous, _ in reads}))
+    out = {}
+    for run_id, previous, read in reads:
+        if read and now.get(previous) != read:
+            out[by_run[run_id]] = {"previous": previous, "read": read, "now": now.get(previous)}
+    return out
+
+
 def publications_in_effect(rows: list[Contamination]) -> dict[tuple[int, str], Publication]:
     """The publication in effect for each (dataset, partition) of `rows`."""
     pairs = {(r.dataset_id, r.partition_key) for r in rows}

@@ -30,7 +30,7 @@ from backfill_portal.core.web import (
 from backfill_portal.web.forms.partitions import RollbackForm
 from backfill_portal.warehouse.models import Contamination, Publication
 from backfill_portal.backends import get_warehouse
-from backfill_portal.warehouse.selectors import partition_state
+from backfill_portal.warehouse.selectors import built_on_a_replaced_past, partition_state
 from backfill_portal.recovery.rollback import (
     built_from_rolled_back,
     consumers_of,
@@ -73,13 +73,15 @@ def dataset_detail(request, name: str):
     # 4. Which of those versions a rollback's closure names (built from a rolled-back input).
     contaminated = set(Contamination.objects.filter(version_id__in=[p.version_id for p in by_id.values()])
                        .values_list("version_id", flat=True))
+    # 5. For a depends_on_past dataset: which read a previous partition since replaced.
+    stale = built_on_a_replaced_past(ds, pointers)
     rows = []
     for r in page.rows:
         pub = by_id[r["last"]]
         warehouse_run = pointers.get(r["partition_key"])
         rows.append({"key": r["partition_key"], "pub": pub, "version": pub.version,
                      "in_sync": warehouse_run == pub.version.run.run_id, "warehouse_run": warehouse_run,
-                     "contaminated": pub.version_id in contaminated})
+                     "contaminated": pub.version_id in contaminated, "stale": stale.get(r["partition_key"])})
     return render_page(request, "warehouse/dataset.html", {"ds": ds, "page": page, "rows": rows,
                                                            "per_page": PARTITIONS_PER_PAGE,
                                                            "reader_layout": reader_layout_of(ds)})
@@ -113,6 +115,7 @@ def _partition_context(user, name: str, key: str) -> dict:
         # Whom the page offers the button: backfills.policy, which the service asks too.
         "can_rollback": may_roll_back_partition(user, ds).allowed,
         "contamination": None if ds.is_source else partition_contamination(dataset=ds, partition_key=key),
+        "stale_past": built_on_a_replaced_past(ds, {key: current_run_id}).get(key) if current_run_id else None,
         "recent_rollback": in_effect if in_effect is not None and in_effect.action == Publication.Action.ROLLBACK
         else None,
     }
