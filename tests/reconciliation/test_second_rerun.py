@@ -64,6 +64,17 @@ def test_deterministic_job_with_verify_twice_publishes_the_original_and_never_th
         action="run.cancelled", object_id=str(second.pk)).reason
     assert Version.objects.get(run=second).fingerprint == Version.objects.get(run=original).fingerprint
     assert not Publication.objects.filter(version__run=second).exists()
+    # Its pages say "retired (verification)", not "cancelled" (which an auditor read as
+    # someone having cancelled it): the run page, the runs list and the partition page.
+    from django.test import Client
+
+    client = Client()
+    client.force_login(personas["audrey"])
+    for path in (f"/runs/{second.run_id}/", "/runs/", "/datasets/dwd_order_items/partitions/2022-10-01/",
+                 f"/requests/{request.pk}/"):
+        html = client.get(path).content.decode()
+        assert '<span class="pill pill-cancelled">retired (verification)</span>' in html, path
+        assert '<span class="pill pill-cancelled">cancelled</span>' not in html, path
     # The original waited in `verifying` for the comparison: its audit trail shows it.
     trail = list(AuditEvent.objects.filter(object_type="run", object_id=str(original.pk)).order_by("id")
                  .values_list("to_state", flat=True))

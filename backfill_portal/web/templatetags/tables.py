@@ -21,7 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
 from backfill_portal.web.templatetags.timing import duration, words
-from backfill_portal.web.templatetags.words import state_label
+from backfill_portal.web.templatetags.words import run_state_words, state_label
 
 register = template.Library()
 
@@ -113,9 +113,9 @@ class _RunCells:
         return f'<td><a href="{escape(self.request_page(r["request_id"]))}">#{int(r["request_id"])}</a></td>'
 
 
-def _pill(status: str) -> str:
+def _pill(status: str, run_type: str = "") -> str:
     """partials/_status.html."""
-    return f'<span class="pill pill-{escape(status)}">{escape(state_label(status) or "—")}</span>'
+    return f'<span class="pill pill-{escape(status)}">{escape(run_state_words(status, run_type) or "—")}</span>'
 
 
 def _error(text: str, limit: int) -> str:
@@ -138,7 +138,7 @@ def run_list_rows(rows: Iterable, stuck_ids=()) -> SafeString:
             f'<span class="muted small"> → {escape(r["job__dataset__name"])}</span></td>\n'
             f'  <td class="mono nowrap">{escape(r["partition_key"])}</td>\n'
             f'  <td>{escape(r["run_type"])}</td>\n'
-            f'  <td class="nowrap">{_pill(r["status"])}{stuck}</td>\n'
+            f'  <td class="nowrap">{_pill(r["status"], r["run_type"])}{stuck}</td>\n'
             f'  {cells.request(r)}\n'
             f'  <td class="nowrap">{_time(r["created_at"], "%Y-%m-%d %H:%M:%S")}</td>\n'
             f'  <td class="nowrap">{escape(duration(r["started_at"], r["finished_at"]))}</td>\n'
@@ -158,7 +158,7 @@ def failing_rows(rows: Iterable) -> SafeString:
             f'  <td>{escape(r["run_type"])}</td>\n'
             f'  <td>{escape(r["job__name"])}</td>\n'
             f'  <td class="mono nowrap">{escape(r["partition_key"])}</td>\n'
-            f'  <td>{_pill(r["status"])}</td>\n'
+            f'  <td>{_pill(r["status"], r["run_type"])}</td>\n'
             f'  <td class="nowrap">{finished}</td>\n'
             f'  {cells.request(r)}\n'
             f'  <td class="clip error-cell">{escape(_error(r["error"], 140) or "—")}</td>\n</tr>\n')
@@ -180,7 +180,7 @@ def stuck_rows(rows: Iterable) -> SafeString:
             f'  <td>{escape(r["run_type"])}</td>\n'
             f'  <td>{escape(r["job__name"])}</td>\n'
             f'  <td class="mono nowrap">{escape(r["partition_key"])}</td>\n'
-            f'  <td>{_pill(r["status"])}</td>\n'
+            f'  <td>{_pill(r["status"], r["run_type"])}</td>\n'
             f'  <td class="nowrap">{_time(r["moved_at"], "%Y-%m-%d %H:%M")} ({ago} ago)</td>\n'
             f'  {cells.request(r)}\n</tr>\n')
     return mark_safe("".join(out))

@@ -18,3 +18,19 @@ def state_label(value) -> str:
     if value is None or value == "":
         return ""
     return str(value).replace("_", " ")
+
+
+def run_state_words(status: str, run_type: str) -> str:
+    """A run's state as people read it. A second-rerun verification run ends `cancelled`
+    (it is never published: it only proves the original), which an auditor read as
+    someone having cancelled it; it reads "retired (verification)"."""
+    if run_type == "verification" and status == "cancelled":
+        return "retired (verification)"
+    return state_label(status)
+
+
+@register.filter
+def run_state(run) -> str:
+    """`{{ run|run_state }}`: run_state_words of a Run (or a dict with status and run_type)."""
+    get = run.get if isinstance(run, dict) else lambda name: getattr(run, name, "")
+    return run_state_words(get("status") or "", get("run_type") or "")
