@@ -58,6 +58,19 @@ def _user_pk(user):
     return getattr(user, "pk", None) if getattr(user, "is_authenticated", False) else None
 
 
+# A relationship (the requester of a request, the owner of a dataset, the approver of a
+# step) grants power only while the person still holds the role behind it: taking a
+# user's roles away (docs/security.md: "take their power away") must end what those
+# roles let them do, not only what is checked by role alone. (The exploratory test
+# approved, signed off and rolled back with every role removed.)
+def _as_requester(user, request: BackfillRequest) -> bool:
+    return request.requested_by_id == _user_pk(user) and has_role(user, *CREATORS)
+
+
+def _is_owner(user, owner_id) -> bool:
+    return owner_id is not None and owner_id == _user_pk(user) and has_role(user, Role.OWNER, Role.ADMIN)
+
+
 # -- create and submit ------------------------------------------------------------------------
 
 CREATORS = (Role.REQUESTER, Role.OWNER, Role.ONCALL, Role.ADMIN)
@@ -72,7 +85,7 @@ def require_create(actor) -> None:
 
 
 def may_submit(user, request: BackfillRequest) -> Decision:
-    if request.requested_by_id == _user_pk(user) or has_role(user, Role.ADMIN):
+    if _as_requester(user, request) or has_role(user, Role.ADMIN):
         return ALLOW
     return Decision(False, "only the requester can submit a request")
 
@@ -92,12 +105,12 @@ def is_step_approver(user, step: ApprovalStep) -> bool:
     (Not yet whether they filed the request: see may_decide_step.)"""
     if step.approver_id is None:
         return has_role(user, Role.ADMIN)
-    return step.approver_id == _user_pk(user)
+    return _is_owner(user, step.approver_id)
 
 
 def steps_decidable_by(user) -> Q:
     """is_step_approver as a filter on ApprovalStep, plus separation of duties."""
-    mine = Q(approver=user)
+    mine = Q(approver=user) if has_role(user, Role.OWNER, Role.ADMIN) else Q(pk__in=[])
     if has_role(user, Role.ADMIN):
         mine |= Q(approver__isnull=True)
     return mine & ~Q(request__requested_by=user)
@@ -112,6 +125,9 @@ def may_decide_step(user, step: ApprovalStep, request: BackfillRequest | None = 
             return Decision(False, "this step is decided by an admin")
     elif step.approver_id != _user_pk(user):
         return Decision(False, f"this step is for {step.approver.username}, the owner of {step.dataset.name}",
+                        dataset=step.dataset.name if step.dataset_id else "")
+    elif not _is_owner(user, step.approver_id):
+        return Decision(False, "deciding an owner's step needs the owner role, which this user no longer has",
                         dataset=step.dataset.name if step.dataset_id else "")
     return ALLOW
 
@@ -144,7 +160,7 @@ def require_decide_request(actor, request: BackfillRequest, steps: Iterable[Appr
 
 
 def may_operate(user, request: BackfillRequest, action: str = "request.operate") -> Decision:
-    if request.requested_by_id == _user_pk(user) or has_role(user, Role.ONCALL, Role.ADMIN):
+    if _as_requester(user, request) or has_role(user, Role.ONCALL, Role.ADMIN):
         return ALLOW
     if action == "request.cancel":
         return Decision(False, "only the requester, on-call or an admin can cancel")
@@ -177,8 +193,8 @@ _REVIEW_REFUSAL = {
 def may_review(user, request: BackfillRequest, action: str = "reconciliation.explain") -> Decision:
     """The requester, the owner of any dataset the request rebuilds, on-call, admins."""
     if _user_pk(user) is not None and (
-            _user_pk(user) == request.requested_by_id or has_role(user, Role.ONCALL, Role.ADMIN)
-            or _user_pk(user) in reviewers_owners(request)):
+            _as_requester(user, request) or has_role(user, Role.ONCALL, Role.ADMIN)
+            or (has_role(user, Role.OWNER) and _user_pk(user) in reviewers_owners(request))):
         return ALLOW
     return Decision(False, _REVIEW_REFUSAL[action])
 
@@ -200,7 +216,7 @@ def may_sign_off(user, request: BackfillRequest) -> Decision:
             return ALLOW
         return Decision(False, "the target owner filed this request; an admin other than the requester signs it off",
                         note=f"{owner.username} filed this request on their own dataset, so an admin signs it off.")
-    if _user_pk(user) == owner.pk:
+    if _is_owner(user, owner.pk):
         return ALLOW
     return Decision(False, f"only {owner.username}, the owner of {dataset.name}, signs off",
                     note=f"Only {owner.username}, the owner of {dataset.name}, signs off.")
@@ -220,7 +236,7 @@ def may_roll_back(user, datasets: Iterable[Dataset], action: str = "partition.ro
     """On-call, an admin, or the owner of every dataset involved."""
     datasets = list(datasets)
     if has_role(user, Role.ONCALL, Role.ADMIN) or (
-            _user_pk(user) is not None and all(d.owner_id == _user_pk(user) for d in datasets)):
+            _user_pk(user) is not None and datasets and all(_is_owner(user, d.owner_id) for d in datasets)):
         return ALLOW
     return Decision(False, f"{action} needs on-call, an admin or the dataset owner")
 
@@ -256,7 +272,7 @@ def may_roll_back_partition(user, dataset: Dataset) -> Decision:
 
 
 def may_decide_handoff(user, item: HandoffItem) -> Decision:
-    if item.owner_id == _user_pk(user):
+    if _is_owner(user, item.owner_id):
         return ALLOW
     return Decision(False, f"this hand-off is for {item.owner.username}")
 

@@ -96,7 +96,10 @@ def steps_waiting_for(user):
 
 
 def handoffs_waiting_for(user, *, now: datetime | None = None):
-    """Hand-off items this user (a downstream owner) still has time to decide (at `now`)."""
+    """Hand-off items this user (a downstream owner) still has time to decide (at `now`);
+    none once the user no longer holds the owner role (backfills.policy)."""
+    if not has_role(user, Role.OWNER, Role.ADMIN):
+        return HandoffItem.objects.none()
     return (HandoffItem.objects.filter(owner=user, status=HandoffItem.Status.PENDING,
                                        deadline__gte=now or timezone.now())
             .select_related("request__job__dataset", "request__requested_by", "job__dataset")
@@ -112,6 +115,8 @@ def waiting_count(user) -> int:
     SQL, compiled once per process (per database, for admins and for others) with
     stand-ins for the user and the time, put in their places on each call: compiling
     it took ~3-7 ms of every page, running it ~0.1 ms."""
+    if not has_role(user, Role.OWNER, Role.ADMIN):
+        return 0  # only owners (and admins) decide steps and hand-offs (backfills.policy)
     sql, params, user_slots, now_slots = _waiting_count_statement(connection.alias, has_role(user, Role.ADMIN))
     bound = list(params)
     now = _deadline_param(timezone.now())
@@ -136,7 +141,7 @@ def _deadline_param(value: datetime):
 @functools.lru_cache(maxsize=8)
 def _waiting_count_statement(alias: str, admin: bool) -> tuple[str, tuple, tuple[int, ...], tuple[int, ...]]:
     """(sql, params, where the user's id goes, where the time goes) of `waiting_count`."""
-    stand_in = stand_in_with_roles(get_user_model()(pk=_STAND_IN_USER), {Role.ADMIN} if admin else set())
+    stand_in = stand_in_with_roles(get_user_model()(pk=_STAND_IN_USER), {Role.ADMIN} if admin else {Role.OWNER})
     steps = steps_waiting_for(stand_in).order_by().values_list("pk")
     handoffs = handoffs_waiting_for(stand_in, now=_STAND_IN_NOW).order_by().values_list("pk")
     inner, params = steps.union(handoffs, all=True).query.sql_with_params()

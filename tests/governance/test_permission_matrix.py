@@ -42,7 +42,7 @@ from django.utils.html import escape
 from rest_framework.test import APIClient
 
 from backfill_portal.backfills.choices import RequestStatus, StepKind, StepStatus
-from backfill_portal.backfills.models import BackfillRequest, Reconciliation
+from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Reconciliation
 from backfill_portal.backfills.services.requests import backfill_request_create, backfill_request_submit
 from backfill_portal.catalog.services.sync import catalog_sync
 from backfill_portal.core.errors import PermissionDenied
@@ -430,3 +430,44 @@ def test_web_post_without_csrf_token_is_403_and_changes_nothing(people):
     assert response.status_code == 302
     request.refresh_from_db()
     assert request.status == RequestStatus.CANCELLED
+
+
+# -- taking a user's roles away ends what the relationships gave them -------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_user_whose_roles_were_removed_can_no_longer_approve_submit_cancel_sign_off_or_roll_back(
+        people, pipeline, warehouse):
+    """The exploratory test: with every group removed, olivia still approved, signed off
+    and rolled back (as the step's approver, the dataset's owner), and alice still
+    submitted and cancelled her request: the policy checked the relationship alone."""
+    from django.contrib.auth import get_user_model
+
+    ctx = published_twice(people, pipeline)
+    waiting = pending(people)
+    step = ApprovalStep.objects.get(request=waiting, approver=people["olivia"])
+    mine = draft(people)
+    User = get_user_model()
+    for name in ("olivia", "alice"):
+        User.objects.get(username=name).groups.clear()
+    olivia, alice = User.objects.get(username="olivia"), User.objects.get(username="alice")
+    mark = audit_mark()
+    refused = [
+        ("api", olivia, "approve_step", {"request": waiting, "step": step}),
+        ("web", olivia, "approve_step", {"request": waiting, "step": step}),
+        ("api", olivia, "signoff", ctx),
+        ("api", olivia, "rollback_partition", ctx),
+        ("api", olivia, "rollback_request", ctx),
+        ("api", alice, "submit", {"request": mine}),
+        ("api", alice, "cancel", {"request": waiting}),
+    ]
+    for channel, user, action, state in refused:
+        before = snapshot(action, state, user, warehouse)
+        response = perform(action, channel, client_for(channel, user), state)
+        assert response.status_code == 403, (action, channel, response.status_code)
+        assert snapshot(action, state, user, warehouse) == before, action
+    assert AuditEvent.objects.filter(id__gt=mark, action__startswith="denied.").count() == len(refused)
+    assert warehouse.current(DATASET, DAY) == ctx["second_run"]
+    # Nothing waits for olivia in her inbox any more.
+    page = client_for("web", olivia).get("/approvals/").content.decode()
+    assert f'id="inbox-req-{waiting.pk}"' not in page
