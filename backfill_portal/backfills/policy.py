@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from django.db.models import Q
 
+from backfill_portal.backfills.choices import IntervalStatus
 from backfill_portal.backfills.choices import RequestStatus as R
 from backfill_portal.backfills.choices import StepStatus
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, HandoffItem, Interval
@@ -179,9 +180,12 @@ def require_operate(actor, request: BackfillRequest, action: str) -> None:
 
 
 def reviewers_owners(request: BackfillRequest) -> set:
-    """The owners of every dataset the request rebuilds: its target and its cascade."""
-    return set(Dataset.objects.filter(job__in=Interval.objects.filter(request=request).values("job_id"))
-               .values_list("owner_id", flat=True)) | {request.job.dataset.owner_id}
+    """The owners of every dataset the request rebuilds: its target and its cascade. Not
+    a node the plan skips (a side-effect node not authorised, a node left out): nothing
+    of theirs is rebuilt, so nothing of theirs is reviewed."""
+    rebuilt = Interval.objects.filter(request=request).exclude(status=IntervalStatus.SKIPPED).values("job_id")
+    return set(Dataset.objects.filter(job__in=rebuilt).values_list("owner_id", flat=True)) | {
+        request.job.dataset.owner_id}
 
 
 _REVIEW_REFUSAL = {

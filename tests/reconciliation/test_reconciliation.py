@@ -14,6 +14,7 @@ from backfill_portal.recovery.reconciliation import (
     reconciliation_signoff,
 )
 from backfill_portal.core.errors import ConflictError
+from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.models import Run
 from backfill_portal.web.demo.sources import correct_source_day
@@ -159,6 +160,13 @@ def test_manifest_names_skipped_intervals_with_why_and_partitions_another_reques
     assert {rows[("notify_finance", day)] for day in ("2022-10-01", "2022-10-02")} == {"skipped"}
     assert body["manifest"]["verdicts"]["unexplained"] == 0
     assert body["manifest"]["verdicts"]["skipped"] == len(body["manifest"]["exceptions"]["skipped"])
+    # The owner of the skipped node reviews nothing of theirs: they may not explain the
+    # rebuilt rows nor recompute (the exploratory test explained another owner's row).
+    assert Dataset.objects.get(name="notify_finance").owner.username == "finn"
+    assert api("finn").post(f"/api/requests/{skipped.pk}/reconciliation/").status_code == 403
+    explain = api("finn").post(f"/api/requests/{skipped.pk}/intervals/2022-10-01/explain/",
+                               {"explanation": "fine", "job": "dws_sales_daily"}, format="json")
+    assert explain.status_code == 403
     # It does not hold up the sign-off.
     done = api("sam").post(f"/api/requests/{skipped.pk}/signoff/", {}, format="json")
     assert done.status_code == 200 and done.json()["status"] == "completed"
