@@ -181,10 +181,12 @@ def test_owner_approval_moves_pending_to_approved_with_audit_row(api, catalog):
 
 
 def test_request_with_side_effect_is_approved_only_after_every_step(api, catalog):
-    request_id = make_pending(api, side_effects=["notify_finance"])
+    # The side-effect node is authorised where the plan runs it: in the cascade.
+    request_id = make_pending(api, side_effects=["notify_finance"], cascade="cascade")
     steps = {s.kind: s for s in ApprovalStep.objects.filter(request_id=request_id)}
     assert steps[StepKind.SIDE_EFFECT].approver.username == "finn"
-    assert post(api("olivia"), request_id, "approve").status_code == 200
+    for step in ApprovalStep.objects.filter(request_id=request_id).exclude(kind=StepKind.SIDE_EFFECT):
+        assert post(api(step.approver.username), request_id, "approve").status_code == 200
     assert status_of(request_id) == RequestStatus.PENDING_APPROVAL
     before = row_ids(request_id)
     assert post(api("finn"), request_id, "approve").status_code == 200
@@ -512,7 +514,7 @@ def test_rejection_needs_a_comment(api, catalog, comment):
 
 
 def test_rejection_cancels_the_other_pending_steps(api, catalog):
-    request_id = make_pending(api, side_effects=["notify_finance"])
+    request_id = make_pending(api, side_effects=["notify_finance"], cascade="cascade")
     before = row_ids(request_id)
     response = post(api("olivia"), request_id, "reject", comment="the source is still broken")
     assert response.status_code == 200, response.json()
@@ -651,3 +653,16 @@ def test_step_decision_service_refuses_someone_elses_step(alice, sam, catalog):
     step.refresh_from_db()
     assert step.status == StepStatus.PENDING
     assert status_of(request.pk) == RequestStatus.PENDING_APPROVAL
+
+
+def test_a_side_effect_node_the_plan_never_runs_cannot_be_authorised(api, catalog):
+    """The exploratory test: authorising notify_finance on a request without a cascade
+    was accepted and added an approval step its owner decided for nothing."""
+    for cascade in ("none", "handoff"):
+        response = api("alice").post("/api/requests/", {
+            "job": "dwd_order_items", "start": "2022-10-01", "end": "2022-10-01", "reason": "r",
+            "cascade": cascade, "side_effects": ["notify_finance"]}, format="json")
+        assert response.status_code == 400, cascade
+        assert response.json()["errors"]["side_effects"] == [
+            f"notify_finance is not run by this request (cascade {cascade}): authorise a side-effect node only "
+            "where the plan runs it"]

@@ -181,6 +181,15 @@ def backfill_request_create(
             errors.setdefault("end", []).extend(unended)
     elif node_actions:
         errors.setdefault("node_actions", []).append("node actions need cascade or handoff")
+    if job_obj is not None and effect_jobs and not errors:
+        # An authorisation for a node this request never runs would only add an approval
+        # step its owner decides for nothing (and a hand-off's follow-up does not carry it).
+        runs = {job_obj.name} | {n.job.name for n in cascade_plan if n.action == NodeAction.REBUILD}
+        for effect in effect_jobs:
+            if effect.name not in runs:
+                errors.setdefault("side_effects", []).append(
+                    f"{effect.name} is not run by this request (cascade {cascade}): authorise a side-effect node "
+                    "only where the plan runs it")
     for node in cascade_plan:  # a depends_on_past node the cascade rebuilds: the same gap check
         if node.action == NodeAction.REBUILD and node.partitions and (
                 gap := gap_before(job=node.job, first=node.partitions[0])):
