@@ -205,7 +205,7 @@ def test_the_schema_documents_the_token_endpoint_and_scheme(api):
     assert "security" not in post and "security" not in doc  # no credentials needed to get one
     assert doc["components"]["securitySchemes"]["tokenAuth"]["name"] == "Authorization"
     assert {"tokenAuth": []} in doc["paths"]["/api/requests/"]["get"]["security"]
-    assert set(doc["paths"]["/api/auth/token/revoke/"]["post"]["responses"]) == {"204", "400", "401"}
+    assert set(doc["paths"]["/api/auth/token/revoke/"]["post"]["responses"]) == {"204", "400", "401", "409"}
 
 
 @pytest.mark.django_db(transaction=True)

@@ -110,6 +110,7 @@ class TokenRevokeView(APIView):
         400: OpenApiResponse(AuthErrorSerializer, description="the call was not made with an API token"),
         401: OpenApiResponse(AuthErrorSerializer, description="no credentials, or the token is unknown, expired "
                                                               "or already revoked"),
+        409: OpenApiResponse(AuthErrorSerializer, description="a concurrent call revoked the same token first"),
     })
     def post(self, request):
         if not isinstance(request.auth, ApiToken):

@@ -208,7 +208,10 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
                    description="One click: file (create and submit) ONE request rebuilding the whole contaminated "
                                "closure of this request's rollback in layer order, parent = this request; asking "
                                "again returns the same request.")
-    @action(detail=True, methods=["post"], url_path="rollback/rebuild", url_name="rollback-rebuild")
+    # A plain list of the requests filed (no pagination, no list filters): the schema said
+    # a paginated page with six query parameters it ignores.
+    @action(detail=True, methods=["post"], url_path="rollback/rebuild", url_name="rollback-rebuild",
+            pagination_class=None, filter_backends=[])
     def rollback_rebuild(self, request, pk=None):
         filed = rollback_service.rollback_rebuild(actor=request.user, request_id=pk)
         return Response(RequestSerializer(filed, many=True).data, status=status.HTTP_201_CREATED)
