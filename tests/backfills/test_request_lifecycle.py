@@ -666,3 +666,20 @@ def test_a_side_effect_node_the_plan_never_runs_cannot_be_authorised(api, catalo
         assert response.json()["errors"]["side_effects"] == [
             f"notify_finance is not run by this request (cascade {cascade}): authorise a side-effect node only "
             "where the plan runs it"]
+
+
+def test_an_approvers_second_click_is_a_conflict_not_a_refusal(api, catalog):
+    """The exploratory test: of five parallel approvals by the rightful approver, one got
+    403 'no approval step of this request is yours' and a `denied` audit row against
+    them. Their step already decided, the request still waiting for others: a 409."""
+    request_id = make_pending(api, cascade="cascade")
+    assert ApprovalStep.objects.filter(request_id=request_id).count() > 1
+    assert post(api("olivia"), request_id, "approve").status_code == 200
+    assert status_of(request_id) == RequestStatus.PENDING_APPROVAL
+    again = post(api("olivia"), request_id, "approve")
+    assert again.status_code == 409 and "already decided (approved)" in again.json()["detail"]
+    assert not AuditEvent.objects.filter(request_id=request_id, action__startswith="denied.").exists()
+    # Someone with no step of it is still refused, and that is audited.
+    assert post(api("audrey"), request_id, "approve").status_code == 403
+    assert AuditEvent.objects.filter(request_id=request_id, action="denied.approval.approve",
+                                     actor_name="audrey").exists()

@@ -525,8 +525,17 @@ def backfill_request_decide(*, actor, request_id, approve: bool, comment: str = 
     steps = [s for s in request.approval_steps.select_related("dataset", "approver").filter(status=StepStatus.PENDING)]
     mine = [s for s in steps if policy.is_step_approver(actor, s)]
     if not mine:
+        # Read again: a concurrent decision (the same approver's double click, or the
+        # last step decided meanwhile) is a conflict, not a refusal of the rightful
+        # approver (which would write a `denied` row against them).
+        request.refresh_from_db()
         if request.status != RequestStatus.PENDING_APPROVAL:
             raise ConflictError(f"request #{request.pk} is {request.status}; it is not waiting for approval", field="status")
+        decided = [s for s in request.approval_steps.select_related("dataset", "approver").exclude(
+            status=StepStatus.PENDING) if policy.is_step_approver(actor, s)]
+        if decided:
+            raise ConflictError(f"your step of request #{request.pk} was already decided ({decided[0].status})",
+                                field="status")
         policy.require_decide_request(actor, request, mine, approve=approve)
     for step in mine:
         step.request = request
