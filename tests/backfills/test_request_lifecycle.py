@@ -683,3 +683,14 @@ def test_an_approvers_second_click_is_a_conflict_not_a_refusal(api, catalog):
     assert post(api("audrey"), request_id, "approve").status_code == 403
     assert AuditEvent.objects.filter(request_id=request_id, action="denied.approval.approve",
                                      actor_name="audrey").exists()
+
+
+def test_bad_input_under_a_used_idempotency_key_is_a_400_and_good_input_a_409(api, catalog):
+    body = {"job": "dwd_order_items", "start": "2022-10-01", "end": "2022-10-02", "reason": "r",
+            "idempotency_key": "qa-k1"}
+    assert api("alice").post("/api/requests/", body, format="json").status_code == 201
+    bad = api("alice").post("/api/requests/", {**body, "start": "bad"}, format="json")
+    assert bad.status_code == 400 and "start" in bad.json()["errors"]
+    other = api("alice").post("/api/requests/", {**body, "end": "2022-10-03"}, format="json")
+    assert other.status_code == 409 and "idempotency key already used" in other.json()["detail"]
+    assert api("alice").post("/api/requests/", body, format="json").status_code == 200  # the replay

@@ -138,10 +138,12 @@ def backfill_request_create(
     if exclude_stale:  # only when given, so earlier requests' payload hashes still match
         payload["exclude_stale"] = {name: sorted(keys) for name, keys in sorted(exclude_stale.items())}
     digest = _payload_hash(payload)
+    reused = None  # the key's request when the parameters differ: a 409, once they are known to be valid
     if idempotency_key and not errors:
         existing = BackfillRequest.objects.filter(requested_by=actor, idempotency_key=idempotency_key).first()
-        if existing is not None:
-            return _same_or_conflict(existing, digest), False
+        if existing is not None and existing.payload_hash == digest:
+            return existing, False  # a replay: the same request, nothing planned again
+        reused = existing
 
     planned = []
     now = timezone.now()
@@ -208,6 +210,8 @@ def backfill_request_create(
     if errors:
         first_field, messages = next(iter(errors.items()))
         raise ValidationError(f"{first_field}: {messages[0]}", fields=errors)
+    if reused is not None:  # bad input is a 400 first, even under a key already used
+        _same_or_conflict(reused, digest)
 
     try:
         with transaction.atomic():
