@@ -15,7 +15,7 @@ from backfill_portal.backfills.services.requests import (
     backfill_request_decide,
     backfill_request_submit,
 )
-from backfill_portal.core.errors import ConflictError, PermissionDenied, ValidationError
+from backfill_portal.core.errors import ConflictError, NotFound, PermissionDenied, ValidationError
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Delivery, Run
@@ -159,6 +159,13 @@ def test_handoff_accepted_files_a_linked_cascade_request(personas, ready):
 def test_handoff_declined_and_one_that_expires(personas, ready):
     request = handoff_request(personas, ready)
     item = HandoffItem.objects.get(request=request)
+    # Which item and whose it is come before the comment: an unknown id is a 404, and
+    # someone else declining without a word an audited 403 (the exploratory test got 400s).
+    with pytest.raises(NotFound):
+        handoff_decline(actor=personas["sam"], item_id=999999, comment="")
+    with pytest.raises(PermissionDenied):
+        handoff_decline(actor=personas["alice"], item_id=item.pk, comment="")
+    assert AuditEvent.objects.filter(action="denied.handoff.declined", actor_name="alice").exists()
     with pytest.raises(ValidationError):
         handoff_decline(actor=personas["sam"], item_id=item.pk, comment="  ")
     assert handoff_decline(actor=personas["sam"], item_id=item.pk, comment="numbers unchanged").status == "declined"

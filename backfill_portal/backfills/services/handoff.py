@@ -96,10 +96,12 @@ def handoff_accept(*, actor, item_id, comment: str = "") -> HandoffItem:
 
 
 def handoff_decline(*, actor, item_id, comment: str) -> HandoffItem:
-    if not (comment or "").strip():
-        raise ValidationError("say why the downstream stays on its current version", field="comment")
+    # Which item, and whether it is the actor's to decide, before what they wrote: an
+    # unknown id is a 404 and someone else's item an audited 403, as for accept.
     item = handoff_get(item_id)
     _check(actor=actor, item=item, to=Status.DECLINED)
+    if not (comment or "").strip():
+        raise ValidationError("say why the downstream stays on its current version", field="comment")
     with transaction.atomic():
         _decide(actor=actor, item=item, to=Status.DECLINED, comment=comment)
     item.refresh_from_db()
