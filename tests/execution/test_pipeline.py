@@ -363,16 +363,22 @@ def test_backward_strategy_runs_newest_first(personas, ready, warehouse):
     assert order == ["2022-10-04", "2022-10-03", "2022-10-02", "2022-10-01"]
 
 
-def test_callable_that_raises_stops_at_max_attempts_and_the_queue_drains(personas, ready, warehouse):
-    Job.objects.filter(name="dwd_order_items_py").update(max_attempts=2)
+def crashing_request(personas, ready, *, max_attempts: int):
+    """A request of the Python job whose callable raises on every attempt, run to its end."""
+    Job.objects.filter(name="dwd_order_items_py").update(max_attempts=max_attempts)
     test_jobs.CRASH.update(after_fraction=0.0, times=100)
     try:
         request = approved_request(personas, job="dwd_order_items_py", start="2022-10-01", end="2022-10-02")
         ready.drain()
     finally:
         test_jobs.CRASH.update(after_fraction=None, times=0)
-    assert not ready.sent
     request.refresh_from_db()
+    return request
+
+
+def test_callable_that_raises_stops_at_max_attempts_and_the_queue_drains(personas, ready, warehouse):
+    request = crashing_request(personas, ready, max_attempts=2)
+    assert not ready.sent
     assert request.status == RequestStatus.FAILED
     for run in Run.objects.filter(request=request):
         assert run.status == RunStatus.FAILED and "worker died" in run.error
@@ -402,14 +408,7 @@ def test_a_failed_request_can_be_given_up_with_a_reason(personas, ready, warehou
 
     from backfill_portal.core.models import AuditEvent
 
-    Job.objects.filter(name="dwd_order_items_py").update(max_attempts=1)
-    test_jobs.CRASH.update(after_fraction=0.0, times=100)
-    try:
-        request = approved_request(personas, job="dwd_order_items_py", start="2022-10-01", end="2022-10-02")
-        ready.drain()
-    finally:
-        test_jobs.CRASH.update(after_fraction=None, times=0)
-    request.refresh_from_db()
+    request = crashing_request(personas, ready, max_attempts=1)
     assert request.status == RequestStatus.FAILED
     client = Client()
     client.force_login(personas["oscar"])
