@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
 
-from backfill_portal.catalog.calendar import PlannedInterval, partition_for
+from backfill_portal.catalog.calendar import PlannedInterval, partition_for, previous_partition
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ValidationError
 from backfill_portal.warehouse.models import Publication
@@ -97,8 +96,7 @@ def gap_before(*, job: Job, first: PlannedInterval) -> str | None:
     if latest is None or latest[1] >= first.start:
         return None  # where the dataset begins, or its previous partition is published
     missing = partition_for(grain=dataset.grain, timezone=dataset.timezone, at=latest[1]).partition_key
-    previous = partition_for(grain=dataset.grain, timezone=dataset.timezone,
-                             at=first.start - timedelta(microseconds=1)).partition_key
+    previous = previous_partition(grain=dataset.grain, timezone=dataset.timezone, partition_key=first.partition_key)
     return (f"{dataset.name} {first.partition_key} depends on its previous partition {previous}, which was never "
             f"published (the latest before it is {latest[0]}): start {job.name} from {missing}, or it would "
             "start from nothing")

@@ -10,6 +10,7 @@ from django.shortcuts import render
 from django.urls import Resolver404, resolve
 
 from backfill_portal.core.errors import Unavailable
+from backfill_portal.core.startup import one_line, probe_database
 
 logger = logging.getLogger(__name__)
 
@@ -152,8 +153,6 @@ def is_pool_timeout(exc: BaseException | None) -> bool:
 def database_down_reason() -> str | None:
     """After the pool's wait ran out: whether the server itself is down (a connection of
     its own, short connect timeout), and the driver's reason, or None (it answers: busy)."""
-    from backfill_portal.core.startup import one_line, probe_database
-
     try:
         probe_database(timeout=2)
     except Exception as exc:
@@ -187,8 +186,7 @@ def unavailable_response(request: HttpRequest, exc: BaseException) -> HttpRespon
     neither a 400 nor a 500; the message names the service and the driver's reason."""
     from django.template.loader import render_to_string
 
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    message = f"{reason}; try again when it is back"
+    message = f"{one_line(exc)}; try again when it is back"
     if is_api_path(request.path):
         response = JsonResponse({"detail": message, "code": "unavailable"}, status=503)
     else:
