@@ -127,7 +127,6 @@ def partition_detail(request, name: str, key: str):
     ctx = _partition_context(request.user, name, key)
     if ctx["key"] != key:  # another spelling of the partition (an hour in UTC, ...): its own address
         return redirect("partition", name, ctx["key"])
-    key = ctx["key"]
     rolled = ctx["recent_rollback"]
     # After a rollback: who read the version that was rolled back (one query).
     ctx["rolled_back_consumers"] = consumers_of([rolled.previous_version]) if rolled and rolled.previous_version_id \
