@@ -166,12 +166,21 @@ def test_an_api_body_over_the_upload_limit_is_a_documented_413_and_creates_nothi
     assert response.status_code == 413, response.text
     assert response.json()["code"] == "too_large"
     assert str(settings.DATA_UPLOAD_MAX_MEMORY_SIZE) in error_detail(response)
+    assert not BackfillRequest.objects.exists()
+    assert AuditEvent.objects.count() == before
     # The limit is the setting's, not a constant: a small one refuses a small body.
+    created = openapi("POST", "/api/requests/", body={**body, "reason": "late events"},
+                      media_type="application/json").json()
+    openapi("POST", "/api/requests/{id}/submit/", path_parameters={"id": created["id"]}, body={},
+            media_type="application/json")
+    step = BackfillRequest.objects.get(pk=created["id"]).approval_steps.get()
+    before = AuditEvent.objects.count()
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 200
-    response = openapi("POST", "/api/approvals/{id}/approve/", path_parameters={"id": 1},
+    response = openapi("POST", "/api/approvals/{id}/approve/", path_parameters={"id": step.pk},
                        body={"comment": "c" * 400}, media_type="application/json", as_="olivia")
     assert response.status_code == 413
-    assert not BackfillRequest.objects.exists()
+    step.refresh_from_db()
+    assert step.status == "pending"
     assert AuditEvent.objects.count() == before
 
 
@@ -382,3 +391,31 @@ def test_a_request_for_a_source_dataset_says_it_is_a_source(api, catalog):
     body["job"] = "no_such_job"
     assert api("alice").post("/api/requests/", body, format="json").json()["errors"]["job"] == [
         "job 'no_such_job' does not exist"]
+
+
+@pytest.mark.parametrize("path, param", [("/api/runs/", "page_size"), ("/api/audit/", "page_size"),
+                                         ("/api/datasets/", "limit"), ("/api/datasets/", "offset")])
+def test_a_page_size_limit_or_offset_that_is_not_a_whole_number_is_a_400_naming_it(openapi, catalog, path, param):
+    """The exploratory test: `page_size=0`, `-1` or `abc` quietly gave the default page
+    (DRF's paginators read what they cannot use as the default)."""
+    smallest = "0" if param == "offset" else "1"
+    for bad in ("abc", "-1", "1.5", "9" * 30, "" if param != "offset" else "x") + (("0",) if param != "offset" else ()):
+        response = openapi("GET", path, query={param: bad}, as_="audrey")
+        assert response.status_code == 400, (bad, response.status_code, response.text[:200])
+        assert param in response.json()["errors"], response.json()
+    response = openapi("GET", path, query={param: smallest}, as_="audrey")
+    assert response.status_code == 200, response.text[:300]
+    if param in ("page_size", "limit"):
+        assert len(response.json()["results"]) <= 1
+        big = openapi("GET", path, query={param: "100000"}, as_="audrey")  # past the largest page: the largest
+        assert big.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/api/requests/", "/api/approvals/", "/api/handoffs/"])
+def test_mine_is_documented_and_reads_true_or_false(openapi, catalog, path):
+    schema = openapi.schema.raw_schema["paths"][path]["get"]
+    assert "mine" in {p["name"] for p in schema["parameters"]}
+    for good in ("1", "true", "0", "false"):
+        assert openapi("GET", path, query={"mine": good}, as_="alice").status_code == 200, good
+    response = openapi("GET", path, query={"mine": "maybe"}, as_="alice")
+    assert response.status_code == 400 and "mine" in response.json()["errors"]

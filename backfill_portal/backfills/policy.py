@@ -288,6 +288,36 @@ def require_decide_handoff(actor, item: HandoffItem, *, to: str) -> None:
                    object_id=item.pk, request_id=item.request_id, dataset=item.job.dataset.name)
 
 
+# -- a request action whose body is refused ------------------------------------------------------
+
+
+def require_request_action(actor, request: BackfillRequest, action: str) -> None:
+    """The permission half of a request action, asked when its body is refused: someone
+    who may not act on the request at all is refused (and audited) before being told
+    what is wrong with what they sent, as they would be with a valid body. Whether the
+    request's state allows the action is left to the service (a 409), so an approver
+    whose step was decided meanwhile still hears about their body.
+
+    `action`: submit, cancel, approve, reject, explain, signoff or rollback."""
+    if action == "submit":
+        require_submit(actor, request)
+    elif action == "cancel":
+        require_operate(actor, request, "request.cancel")
+    elif action in ("approve", "reject"):
+        steps = list(request.approval_steps.select_related("dataset", "approver"))
+        if _user_pk(actor) == request.requested_by_id or not any(is_step_approver(actor, s) for s in steps):
+            require_decide_request(actor, request, [], approve=action == "approve")
+    elif action == "explain":
+        require_review(actor, request, "reconciliation.explain")
+    elif action == "signoff":
+        require_sign_off(actor, request)
+    elif action == "rollback":
+        require_roll_back(actor, request_rollback_datasets(request), action="request.rollback",
+                          object_type="request", object_id=request.pk, request_id=request.pk)
+    else:
+        raise ValueError(f"unknown request action {action!r}")
+
+
 # -- what the request page offers ----------------------------------------------------------------------
 
 

@@ -8,7 +8,8 @@ import django_filters
 from django.db import models
 from django_filters.filterset import FILTER_FOR_DBFIELD_DEFAULTS
 from django_filters.rest_framework import DjangoFilterBackend, FilterSet
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import OpenApiParameter, extend_schema_field
+from rest_framework.exceptions import ValidationError
 
 TRUE = ("true", "1")
 BOOLEAN_CHOICES = [("true", "true"), ("false", "false"), ("1", "1"), ("0", "0")]
@@ -16,6 +17,22 @@ BOOLEAN_CHOICES = [("true", "true"), ("false", "false"), ("1", "1"), ("0", "0")]
 
 def _as_bool(value: str) -> bool:
     return value in TRUE
+
+
+def query_flag(request, name: str) -> bool:
+    """A boolean query parameter outside a filter set (`?mine=1`), as strictly: absent
+    is false, anything but true/false/1/0 a 400 naming it."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return False
+    if raw not in dict(BOOLEAN_CHOICES):
+        raise ValidationError({name: [f"must be one of {', '.join(v for v, _ in BOOLEAN_CHOICES)}, not {raw[:40]!r}"]})
+    return _as_bool(raw)
+
+
+def flag_parameter(name: str, description: str):
+    """The schema of a `query_flag` parameter."""
+    return OpenApiParameter(name, str, enum=[value for value, _ in BOOLEAN_CHOICES], description=description)
 
 
 @extend_schema_field({"type": "string", "enum": [value for value, _ in BOOLEAN_CHOICES]})

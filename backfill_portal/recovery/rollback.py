@@ -454,12 +454,19 @@ def _restored_tainted(moves: list[Move]) -> list[dict]:
     return [m.as_dict() for m in moves if m.target.pk in tainted]
 
 
-def partition_rollback(*, actor, dataset: str, partition_key: str, reason: str) -> dict:
-    """Roll one partition back to its previous verified version. Returns the move,
-    the consumers of the rolled-back version and the contaminated closure."""
+def require_partition_rollback(*, actor, dataset: str, partition_key: str) -> Dataset:
+    """The dataset (404 if unknown), if `actor` may roll its partitions back (else an
+    audited 403)."""
     dataset_obj = _dataset(dataset)
     require_roll_back(actor, [dataset_obj], action="partition.rollback", object_type="partition",
                       object_id=f"{dataset}/{partition_key}")
+    return dataset_obj
+
+
+def partition_rollback(*, actor, dataset: str, partition_key: str, reason: str) -> dict:
+    """Roll one partition back to its previous verified version. Returns the move,
+    the consumers of the rolled-back version and the contaminated closure."""
+    dataset_obj = require_partition_rollback(actor=actor, dataset=dataset, partition_key=partition_key)
     reason = _reason(reason)
     move = _plan_partition(dataset_obj, partition_key)
     _apply([move], actor=actor, reason=reason)
@@ -536,7 +543,22 @@ class _LostRace(Exception):
     """Another click claimed the closure first: undo this one's request."""
 
 
-def _file_rebuild(*, actor, rows, parent: BackfillRequest | None, label: str) -> list[BackfillRequest]:
+@dataclass(frozen=True)
+class RebuildFiled:
+    """The request(s) rebuilding a rollback's closure, in id order, and whether this call
+    filed one (`new`) or an earlier or concurrent click had (the API's 201 or 200)."""
+
+    requests: list[BackfillRequest]
+    new: bool
+
+    def __iter__(self):
+        return iter(self.requests)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+def _file_rebuild(*, actor, rows, parent: BackfillRequest | None, label: str) -> RebuildFiled:
     """ONE request rebuilding every entry of the closure that readers still see and no
     rebuild covers yet, filed (created and submitted) by `actor`; the entries are
     claimed for it with a conditional update in the same transaction, so a second
@@ -558,6 +580,7 @@ def _file_rebuild(*, actor, rows, parent: BackfillRequest | None, label: str) ->
                    .exclude(rebuild__status__in=ENDED_REBUILD).values_list("version_id", "rebuild_id"))
     todo = [r for r in visible if r.version_id not in covered]
     unclaimed = Q(rebuild__isnull=True) | Q(rebuild__status__in=ENDED_REBUILD)
+    new = False
     try:
         with transaction.atomic():
             for r in visible:
@@ -579,6 +602,7 @@ def _file_rebuild(*, actor, rows, parent: BackfillRequest | None, label: str) ->
                              reason=reason, data={"parent": parent.pk if parent else None,
                                                   "partitions": {k: sorted(v) for k, v in sorted(partitions.items())}})
                 backfill_request_submit(actor=actor, request_id=request.pk, confirm_overlap=True)
+                new = True
     except _LostRace:
         logger.info("rebuild after rollback of %s was filed by a concurrent click", label)
     ids = sorted({pk for pk in Contamination.objects.filter(pk__in=[r.pk for r in rows], rebuild__isnull=False)
@@ -586,10 +610,11 @@ def _file_rebuild(*, actor, rows, parent: BackfillRequest | None, label: str) ->
     if not ids:
         raise ConflictError(f"every partition built from the rollback of {label} was republished since; "
                             "nothing is left to rebuild", field="consumers")
-    return list(BackfillRequest.objects.filter(pk__in=ids).select_related("job__dataset").order_by("pk"))
+    return RebuildFiled(list(BackfillRequest.objects.filter(pk__in=ids).select_related("job__dataset").order_by("pk")),
+                        new=new)
 
 
-def rollback_rebuild(*, actor, request_id) -> list[BackfillRequest]:
+def rollback_rebuild(*, actor, request_id) -> RebuildFiled:
     """The one-click cascade after a request rollback: one request rebuilding the whole
     contaminated closure, parent = the rolled-back request."""
     request = request_get(request_id)
@@ -606,7 +631,7 @@ def rollback_rebuild(*, actor, request_id) -> list[BackfillRequest]:
     return _file_rebuild(actor=actor, rows=rows, parent=request, label=f"#{request.pk}")
 
 
-def partition_rollback_rebuild(*, actor, dataset: str, partition_key: str) -> list[BackfillRequest]:
+def partition_rollback_rebuild(*, actor, dataset: str, partition_key: str) -> RebuildFiled:
     dataset_obj = _dataset(dataset)
     require_roll_back(actor, [dataset_obj], action="rollback.rebuild", object_type="partition",
                       object_id=f"{dataset}/{partition_key}")
@@ -624,6 +649,7 @@ def partition_rollback_rebuild(*, actor, dataset: str, partition_key: str) -> li
 
 __all__ = [
     "Contaminated",
+    "RebuildFiled",
     "built_from_rolled_back",
     "closure_entries",
     "consumers_of",
@@ -634,6 +660,7 @@ __all__ = [
     "partition_rollback_rebuild",
     "previous_verified",
     "request_rollback",
+    "require_partition_rollback",
     "rollback_rebuild",
     "rollback_state",
 ]

@@ -207,3 +207,17 @@ def test_approvals_inbox_lists_the_steps_waiting_for_me_and_decides_them(persona
         f"/api/approvals/{ApprovalStep.objects.get(request=request, approver=personas['olivia']).pk}/reject/",
         {"comment": ""}, format="json")
     assert no_reason.status_code == 400 and "comment" in no_reason.json()["errors"]
+
+
+@pytest.mark.parametrize("verb", ["accept", "decline"])
+def test_a_handoff_comment_the_api_refuses_is_first_an_audited_403_for_someone_else(personas, ready, api, verb):
+    item = HandoffItem.objects.get(request=handoff_request(personas, ready))
+    too_long = {"comment": "x" * 5000}
+    response = api("alice").post(f"/api/handoffs/{item.pk}/{verb}/", too_long, format="json")
+    assert response.status_code == 403, response.content[:300]
+    assert AuditEvent.objects.filter(action=f"denied.handoff.{verb.rstrip('e')}ed", actor_name="alice").count() == 1
+    assert api("sam").post(f"/api/handoffs/999999/{verb}/", too_long, format="json").status_code == 404
+    response = api("sam").post(f"/api/handoffs/{item.pk}/{verb}/", too_long, format="json")
+    assert response.status_code == 400 and "comment" in response.json()["errors"], response.content[:300]
+    item.refresh_from_db()
+    assert item.status == "pending"

@@ -471,3 +471,50 @@ def test_a_user_whose_roles_were_removed_can_no_longer_approve_submit_cancel_sig
     # Nothing waits for olivia in her inbox any more.
     page = client_for("web", olivia).get("/approvals/").content.decode()
     assert f'id="inbox-req-{waiting.pk}"' not in page
+
+
+# -- a body the API refuses: someone without the right hears that first -----------------------
+
+LONG = "x" * 5000  # past every comment's and reason's 4,000 characters
+
+# action -> (URL under the pending request, the refused body, who may, the denied action)
+BAD_BODIES = {
+    "submit": ("/api/requests/{r}/submit/", {"confirm_overlap": "maybe"}, "alice", "request.submit"),
+    "cancel": ("/api/requests/{r}/cancel/", {"reason": LONG}, "alice", "request.cancel"),
+    "approve": ("/api/requests/{r}/approve/", {"comment": LONG}, "olivia", "approval.approve"),
+    "reject": ("/api/requests/{r}/reject/", {"comment": LONG}, "olivia", "approval.reject"),
+    "approve_step": ("/api/approvals/{s}/approve/", {"comment": LONG}, "olivia", "approval.approve"),
+    "explain": (f"/api/requests/{{r}}/intervals/{DAY}/explain/", {"explanation": LONG}, "alice",
+                "reconciliation.explain"),
+    "signoff": ("/api/requests/{r}/signoff/", {"comment": LONG}, "olivia", "reconciliation.signoff"),
+    "rollback_request": ("/api/requests/{r}/rollback/", {"reason": LONG}, "oscar", "request.rollback"),
+    "rollback_partition": (f"/api/datasets/{DATASET}/partitions/{DAY}/rollback/", {"reason": LONG}, "oscar",
+                           "partition.rollback"),
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", list(BAD_BODIES))
+def test_a_refused_body_from_someone_without_the_right_is_an_audited_403_and_a_400_for_whoever_has_it(
+        people, action):
+    """The exploratory test: a 5,000-character comment from someone who may not act was a
+    400 about its length, so the attempt left no trace in the audit log."""
+    path, body, rightful, denied = BAD_BODIES[action]
+    request = pending(people)
+    if action == "submit":
+        request = draft(people)
+    step = request.approval_steps.first()
+    url = path.format(r=request.pk, s=step.pk if step else 0)
+    before = snapshot("cancel", {"request": request}, None)
+    mark = audit_mark()
+    response = client_for("api", people["bob"]).post(url, body, format="json")
+    assert response.status_code == 403, (response.status_code, response.content[:500])
+    events = list(AuditEvent.objects.filter(id__gt=mark).values_list("actor__username", "action"))
+    assert events == [("bob", "denied." + denied)]
+    mark = audit_mark()
+    response = client_for("api", people[rightful]).post(url, body, format="json")
+    assert response.status_code == 400, (response.status_code, response.content[:500])
+    assert set(response.json()["errors"]) == set(body), response.json()  # the field named
+    assert audit_mark() == mark  # nothing refused, nothing done
+    assert snapshot("cancel", {"request": request}, None) == before
+

@@ -135,9 +135,10 @@ def test_rollback_names_the_whole_closure_and_one_rebuild_restores_the_numbers(
     first = api("oscar").post(rebuild_url)
     assert first.status_code == 201, first.json()
     (child_id,) = first.json()["requests"]
-    assert api("oscar").post(rebuild_url).json()["requests"] == [child_id]
-    assert api("olivia").post(rebuild_url).json()["requests"] == [child_id]
-    assert api("oscar").post(f"/api/requests/{bad.pk}/rollback/rebuild/").json()[0]["id"] == child_id
+    for again in (api("oscar").post(rebuild_url), api("olivia").post(rebuild_url)):
+        assert (again.status_code, again.json()["requests"]) == (200, [child_id])  # nothing new filed
+    again = api("oscar").post(f"/api/requests/{bad.pk}/rollback/rebuild/")
+    assert (again.status_code, again.json()[0]["id"]) == (200, child_id)
     assert BackfillRequest.objects.filter(parent=bad).count() == 1
     child = BackfillRequest.objects.get(pk=child_id)
     assert child.status == RequestStatus.PENDING_APPROVAL and child.job.name == "dws_sales_daily"

@@ -41,12 +41,13 @@ def test_two_simultaneous_rebuild_clicks_file_one_request(personas, ready, wareh
     partition_rollback(actor=personas["oscar"], dataset="dwd_order_items", partition_key=DAY, reason="doubled")
     assert Contamination.objects.count() == 1
 
-    results, errors = {}, []
+    results, news, errors = {}, {}, []
 
     def click(name):
         try:
             filed = partition_rollback_rebuild(actor=personas[name], dataset="dwd_order_items", partition_key=DAY)
             results[name] = [r.pk for r in filed]
+            news[name] = filed.new
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
@@ -67,6 +68,7 @@ def test_two_simultaneous_rebuild_clicks_file_one_request(personas, ready, wareh
         t.join(30)
     assert not errors, errors
     assert results["oscar"] == results["olivia"] and len(results["oscar"]) == 1
+    assert sorted(news.values()) == [False, True]  # one click filed it, the other was told it was filed
     (winner,) = results["oscar"]
     assert list(BackfillRequest.objects.filter(parent=bad).values_list("pk", flat=True)) == [winner]
     assert Contamination.objects.get().rebuild_id == winner

@@ -2,13 +2,13 @@ from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
-from rest_framework.pagination import LimitOffsetPagination
 
+from backfill_portal.core.pagination import StrictLimitOffsetPagination
 from backfill_portal.web.api.serializers.catalog import DatasetSerializer, JobDetailSerializer, JobSerializer
 from backfill_portal.catalog.selectors import dataset_list, job_list, lineage_expand
 
 
-class CatalogPagination(LimitOffsetPagination):
+class CatalogPagination(StrictLimitOffsetPagination):
     default_limit = 100
     max_limit = 1000
 

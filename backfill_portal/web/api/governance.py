@@ -1,15 +1,18 @@
 """Approvals inbox and hand-off items: thin views over the governance services."""
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from backfill_portal.web.api import validated_or_refused
 from backfill_portal.web.api.serializers.requests import ApprovalStepSerializer, CommentSerializer
 from backfill_portal.backfills.models import ApprovalStep, HandoffItem
-from backfill_portal.backfills.services.handoff import handoff_accept, handoff_decline
+from backfill_portal.backfills import policy
+from backfill_portal.backfills.services.handoff import handoff_accept, handoff_decline, handoff_get
 from backfill_portal.backfills.selectors import steps_waiting_for
 from backfill_portal.backfills.services.requests import approval_step_decide
 from backfill_portal.core.api import ID_LOOKUP
+from backfill_portal.core.filters import flag_parameter, query_flag
 from backfill_portal.core.errors import NotFound
 
 
@@ -21,11 +24,11 @@ class ApprovalStepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     filterset_fields = ["status", "kind", "request"]
 
     def get_queryset(self):
-        if self.request.query_params.get("mine") == "1":
+        if query_flag(self.request, "mine"):
             return steps_waiting_for(self.request.user).select_related("approver", "decided_by")
         return ApprovalStep.objects.select_related("request__job", "dataset", "job", "approver", "decided_by")
 
-    @extend_schema(parameters=[OpenApiParameter("mine", str, description="1: only steps waiting for me")])
+    @extend_schema(parameters=[flag_parameter("mine", "1: only steps waiting for me")])
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
 
@@ -36,9 +39,10 @@ class ApprovalStepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
         return step
 
     def _decide(self, request, pk, *, approve: bool) -> Response:
-        body = CommentSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        step = approval_step_decide(actor=request.user, step=self._step(pk), approve=approve, **body.validated_data)
+        step = self._step(pk)
+        body = validated_or_refused(CommentSerializer, request.data, permission=lambda: policy.require_decide_step(
+            request.user, step, approve=approve))
+        step = approval_step_decide(actor=request.user, step=step, approve=approve, **body)
         return Response(ApprovalStepSerializer(self._step(step.pk)).data)
 
     @extend_schema(request=CommentSerializer, responses=ApprovalStepSerializer)
@@ -70,20 +74,28 @@ class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     def get_queryset(self):
         qs = HandoffItem.objects.select_related("job", "owner")
-        if self.request.query_params.get("mine") == "1":
+        if query_flag(self.request, "mine"):
             qs = qs.filter(owner=self.request.user)
         return qs
+
+    @extend_schema(parameters=[flag_parameter("mine", "1: only hand-offs for me")])
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    def _body(self, pk, *, to: str) -> dict:
+        """The comment, validated; an unknown item is a 404 and someone else's an
+        audited 403 before anything is said about the body."""
+        return validated_or_refused(CommentSerializer, self.request.data, permission=lambda: policy.require_decide_handoff(
+            self.request.user, handoff_get(pk), to=to))
 
     @extend_schema(request=CommentSerializer, responses=HandoffSerializer)
     @action(detail=True, methods=["post"])
     def accept(self, request, pk=None):
-        body = CommentSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        return Response(HandoffSerializer(handoff_accept(actor=request.user, item_id=pk, **body.validated_data)).data)
+        body = self._body(pk, to="accepted")
+        return Response(HandoffSerializer(handoff_accept(actor=request.user, item_id=pk, **body)).data)
 
     @extend_schema(request=CommentSerializer, responses=HandoffSerializer)
     @action(detail=True, methods=["post"])
     def decline(self, request, pk=None):
-        body = CommentSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        return Response(HandoffSerializer(handoff_decline(actor=request.user, item_id=pk, **body.validated_data)).data)
+        body = self._body(pk, to="declined")
+        return Response(HandoffSerializer(handoff_decline(actor=request.user, item_id=pk, **body)).data)

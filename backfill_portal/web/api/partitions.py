@@ -3,6 +3,7 @@ from rest_framework import serializers
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
+from backfill_portal.web.api import validated_or_refused
 from backfill_portal.web.api.reconciliation import RESTORED_TAINTED_HELP, PartitionMoveSerializer
 from backfill_portal.web.api.serializers.runs import PublicationSerializer, VersionSerializer
 from backfill_portal.warehouse.selectors import partition_state
@@ -88,22 +89,24 @@ def partition_rollback_view(request, name: str, key: str):
     contaminated closure: every published version built from the rolled-back one."""
     from rest_framework.reverse import reverse
 
-    from backfill_portal.recovery.rollback import partition_rollback
+    from backfill_portal.recovery.rollback import partition_rollback, require_partition_rollback
 
-    body = _PartitionRollbackBody(data=request.data)
-    body.is_valid(raise_exception=True)
-    result = partition_rollback(actor=request.user, dataset=name, partition_key=key, **body.validated_data)
+    body = validated_or_refused(_PartitionRollbackBody, request.data, permission=lambda: require_partition_rollback(
+        actor=request.user, dataset=name, partition_key=key))
+    result = partition_rollback(actor=request.user, dataset=name, partition_key=key, **body)
     result["rebuild"] = reverse("partition-rollback-rebuild", kwargs={"name": name, "key": key}, request=request)
     return Response(result)
 
 
-@extend_schema(request=None, responses={201: inline_serializer("RebuildFiled", {
-    "requests": serializers.ListField(child=serializers.IntegerField())})})
+_REBUILD_FILED = inline_serializer("RebuildFiled", {"requests": serializers.ListField(child=serializers.IntegerField())})
+
+
+@extend_schema(request=None, responses={201: _REBUILD_FILED, 200: _REBUILD_FILED})
 @api_view(["POST"])
 def partition_rollback_rebuild_view(request, name: str, key: str):
-    """File ONE request rebuilding the whole contaminated closure in layer order; asking
-    again returns the same request."""
+    """File ONE request rebuilding the whole contaminated closure in layer order (201);
+    asking again returns the same request (200)."""
     from backfill_portal.recovery.rollback import partition_rollback_rebuild
 
     filed = partition_rollback_rebuild(actor=request.user, dataset=name, partition_key=key)
-    return Response({"requests": [r.pk for r in filed]}, status=201)
+    return Response({"requests": [r.pk for r in filed]}, status=201 if filed.new else 200)

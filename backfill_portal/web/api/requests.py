@@ -4,6 +4,7 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from backfill_portal.web.api import validated_or_refused
 from backfill_portal.web.api.serializers.requests import (
     CommentSerializer,
     ReasonSerializer,
@@ -14,11 +15,13 @@ from backfill_portal.web.api.serializers.requests import (
     RequestSerializer,
     SubmitSerializer,
 )
+from backfill_portal.backfills import policy
 from backfill_portal.backfills.preview import request_plan_preview
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ValidationError
 from backfill_portal.backfills.selectors import request_list
 from backfill_portal.core.api import ID_LOOKUP
+from backfill_portal.core.filters import flag_parameter, query_flag
 from backfill_portal.core.schema import error_responses
 from backfill_portal.backfills.services.requests import (
     backfill_request_cancel,
@@ -51,7 +54,11 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     ordering = "-id"
 
     def get_queryset(self):
-        return request_list(user=self.request.user, mine=self.request.query_params.get("mine") == "1")
+        return request_list(user=self.request.user, mine=query_flag(self.request, "mine"))
+
+    @extend_schema(parameters=[flag_parameter("mine", "1: only requests I filed")])
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
     def get_serializer_class(self):
         return RequestDetailSerializer if self.action == "retrieve" else RequestSerializer
@@ -62,6 +69,12 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         super().initial(request, *args, **kwargs)
         if self.detail and request.method == "POST" and "pk" in kwargs:
             request_get(kwargs["pk"])
+
+    def _body(self, serializer_class, action: str) -> dict:
+        """The action's body, validated; when it is refused, someone who may not act on
+        this request at all hears that first (an audited 403), as with a valid body."""
+        return validated_or_refused(serializer_class, self.request.data, permission=lambda: policy.require_request_action(
+            self.request.user, request_get(self.kwargs["pk"]), action))
 
     def _detail(self, request_obj, code=status.HTTP_200_OK, **context):
         request_obj = request_get(request_obj.pk)
@@ -104,30 +117,26 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @extend_schema(request=SubmitSerializer, responses=RequestDetailSerializer)
     @action(detail=True, methods=["post"])
     def submit(self, request, pk=None):
-        body = SubmitSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        return self._detail(backfill_request_submit(actor=request.user, request_id=pk, **body.validated_data))
+        body = self._body(SubmitSerializer, "submit")
+        return self._detail(backfill_request_submit(actor=request.user, request_id=pk, **body))
 
     @extend_schema(request=ReasonSerializer, responses=RequestDetailSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        body = ReasonSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        return self._detail(backfill_request_cancel(actor=request.user, request_id=pk, **body.validated_data))
+        body = self._body(ReasonSerializer, "cancel")
+        return self._detail(backfill_request_cancel(actor=request.user, request_id=pk, **body))
 
     @extend_schema(request=CommentSerializer, responses=RequestDetailSerializer)
     @action(detail=True, methods=["post"])
     def approve(self, request, pk=None):
-        body = CommentSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        return self._detail(backfill_request_decide(actor=request.user, request_id=pk, approve=True, **body.validated_data))
+        body = self._body(CommentSerializer, "approve")
+        return self._detail(backfill_request_decide(actor=request.user, request_id=pk, approve=True, **body))
 
     @extend_schema(request=CommentSerializer, responses=RequestDetailSerializer)
     @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
-        body = CommentSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        return self._detail(backfill_request_decide(actor=request.user, request_id=pk, approve=False, **body.validated_data))
+        body = self._body(CommentSerializer, "reject")
+        return self._detail(backfill_request_decide(actor=request.user, request_id=pk, approve=False, **body))
 
     @extend_schema(request=None, responses=RequestDetailSerializer)
     @action(detail=True, methods=["post"])
@@ -171,19 +180,15 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @extend_schema(request=ExplainSerializer, responses=ReconciliationRowSerializer)
     @action(detail=True, methods=["post"], url_path=r"intervals/(?P<key>[^/]+)/explain")
     def explain(self, request, pk=None, key=None):
-        body = ExplainSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        row = reconciliation_service.interval_explain(actor=request.user, request_id=pk, partition_key=key,
-                                                      **body.validated_data)
+        body = self._body(ExplainSerializer, "explain")
+        row = reconciliation_service.interval_explain(actor=request.user, request_id=pk, partition_key=key, **body)
         return Response(ReconciliationRowSerializer(row).data)
 
     @extend_schema(request=SignoffSerializer, responses=RequestDetailSerializer)
     @action(detail=True, methods=["post"])
     def signoff(self, request, pk=None):
-        body = SignoffSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        return self._detail(reconciliation_service.reconciliation_signoff(actor=request.user, request_id=pk,
-                                                                          **body.validated_data))
+        body = self._body(SignoffSerializer, "signoff")
+        return self._detail(reconciliation_service.reconciliation_signoff(actor=request.user, request_id=pk, **body))
 
     @extend_schema(methods=["POST"], request=RollbackSerializer, responses=RequestRollbackResultSerializer,
                    description="Move every partition this request published back to its previous verified "
@@ -198,20 +203,20 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         if request.method == "GET":
             state = rollback_service.rollback_state(request_id=pk)
         else:
-            body = RollbackSerializer(data=request.data)
-            body.is_valid(raise_exception=True)
-            state = rollback_service.request_rollback(actor=request.user, request_id=pk, **body.validated_data)
+            body = self._body(RollbackSerializer, "rollback")
+            state = rollback_service.request_rollback(actor=request.user, request_id=pk, **body)
         state["rebuild"] = reverse("api-request-rollback-rebuild", kwargs={"pk": pk}, request=request)
         return Response(state)
 
-    @extend_schema(request=None, responses={201: RequestSerializer(many=True)},
+    @extend_schema(request=None, responses={201: RequestSerializer(many=True), 200: RequestSerializer(many=True)},
                    description="One click: file (create and submit) ONE request rebuilding the whole contaminated "
-                               "closure of this request's rollback in layer order, parent = this request; asking "
-                               "again returns the same request.")
+                               "closure of this request's rollback in layer order, parent = this request: 201. "
+                               "Asking again returns the same request: 200.")
     # A plain list of the requests filed (no pagination, no list filters): the schema said
     # a paginated page with six query parameters it ignores.
     @action(detail=True, methods=["post"], url_path="rollback/rebuild", url_name="rollback-rebuild",
             pagination_class=None, filter_backends=[])
     def rollback_rebuild(self, request, pk=None):
         filed = rollback_service.rollback_rebuild(actor=request.user, request_id=pk)
-        return Response(RequestSerializer(filed, many=True).data, status=status.HTTP_201_CREATED)
+        return Response(RequestSerializer(filed.requests, many=True).data,
+                        status=status.HTTP_201_CREATED if filed.new else status.HTTP_200_OK)

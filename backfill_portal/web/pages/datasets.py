@@ -205,7 +205,8 @@ def _file_rebuilds(request, name: str, key: str) -> None:
         messages.error(request, f"The rebuild was not filed: {exc.message}")
         return
     if filed:
-        messages.info(request, "Filed for approval to rebuild the consumers and everything built from them: "
+        messages.info(request, ("Filed for approval to rebuild the consumers and everything built from them: "
+                                if filed.new else "Already filed to rebuild them: ")
                       + ", ".join(f"#{r.pk} ({r.job.name} {r.first_partition}→{r.last_partition}"
                                   f"{f' and {len(r.node_actions)} job(s) downstream' if r.node_actions else ''})"
                                   for r in filed) + ".")

@@ -507,7 +507,7 @@ def _run_action(verb: str, request, pk: int) -> str:
             except ApplicationError as exc:
                 text += f" The rebuild was not filed: {exc.message}"
             else:
-                text += " Filed to rebuild them: " + ", ".join(f"#{r.pk} ({r.job.name})" for r in filed) + "."
+                text += (" Filed to rebuild them: " if filed.new else " Already filed to rebuild them: ") + ", ".join(f"#{r.pk} ({r.job.name})" for r in filed) + "."
         return text
     raise NotFound(f"unknown action {verb!r}")
 
