@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextvars
+import time
 import logging
 from urllib.parse import unquote_to_bytes
 
@@ -150,14 +151,29 @@ def is_pool_timeout(exc: BaseException | None) -> bool:
     return False
 
 
+# How long a process trusts its last probe of the metadata database: under saturation
+# every refused request would otherwise open one more connection to the busy server.
+DOWN_PROBE_SECONDS = 5.0
+_last_probe: tuple[float, str | None] | None = None  # (when, the reason or None)
+
+
 def database_down_reason() -> str | None:
     """After the pool's wait ran out: whether the server itself is down (a connection of
-    its own, short connect timeout), and the driver's reason, or None (it answers: busy)."""
+    its own, short connect timeout), and the driver's reason, or None (it answers: busy).
+    One probe per process every DOWN_PROBE_SECONDS; the requests refused meanwhile
+    reuse its answer."""
+    global _last_probe
+    now = time.monotonic()
+    if _last_probe is not None and now - _last_probe[0] < DOWN_PROBE_SECONDS:
+        return _last_probe[1]
     try:
         probe_database(timeout=2)
     except Exception as exc:
-        return one_line(exc)
-    return None
+        reason = one_line(exc)
+    else:
+        reason = None
+    _last_probe = (time.monotonic(), reason)
+    return reason
 
 
 def database_busy_response(request: HttpRequest) -> HttpResponse:
