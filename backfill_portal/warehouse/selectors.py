@@ -40,16 +40,68 @@ def canonical_partition_key(dataset: Dataset, key: str) -> str:
 
 def built_on_a_replaced_past(dataset: Dataset, current: dict[str, str]) -> dict[str, dict]:
     """For a depends_on_past dataset, the partitions among `current` ({key: run_id readers
-    see}) whose version read a previous partition readers no longer see there: a later
-    request republished it and the rebuild of what came after was cancelled or excluded.
-    {key: {"previous": key, "read": run_id, "now": run_id or None}}. Two queries and one
-    warehouse read, whatever the number of partitions."""
+    see}) built on a past readers no longer see.
+
+    - Directly: its version read a previous partition that a later request republished,
+      and the rebuild of what came after was cancelled or excluded.
+      {key: {"previous": key, "read": run_id, "now": run_id or None}}
+    - Through the chain: a partition before it is stale directly, and nothing rebuilt from
+      there since, so its running state descends from that stale one (`through`: the
+      nearest such partition, in `current` or before it).
+      {key: {"through": key, "previous": ..., "read": ..., "now": ...}} (the root's read).
+
+    The roots are looked for among all the dataset's published partitions up to the last
+    of `current`: a few queries and two warehouse reads, whatever the number of
+    partitions."""
     from backfill_portal.catalog.models import Job
-    from backfill_portal.warehouse.models import Consumption
 
     if dataset.is_source or not current or not Job.objects.filter(dataset=dataset, depends_on_past=True).exists():
         return {}
+    first, last = min(current), max(current)
+    roots = _roots_before(dataset, first)
+    roots.update(_read_a_replaced_past(dataset, current))
+    out, carried = {}, None
+    for key in sorted(set(current) | set(roots)):
+        if key > last:
+            break
+        if key in roots:
+            carried = key
+            if key in current:
+                out[key] = roots[key]
+        elif carried is not None and key in current and current[key]:
+            out[key] = {"through": carried, **roots[carried]}
+    return out
+
+
+def _roots_before(dataset: Dataset, first: str) -> dict[str, dict]:
+    """`_read_a_replaced_past` for the partitions before `first`, from the publication
+    history (the metadata's mirror of the pointers): two queries, no list of keys."""
+    from django.db.models import Max
+
+    from backfill_portal.warehouse.models import Consumption
+
+    newest = (Publication.objects.filter(dataset=dataset, partition_key__lt=first).values("partition_key")
+              .annotate(last=Max("id")).values("last"))
+    now = {key: (version_id, run_id) for key, version_id, run_id in Publication.objects.filter(pk__in=newest)
+           .values_list("partition_key", "version_id", "version__run__run_id")}
+    runs = {run_id: key for key, (_, run_id) in now.items()}
+    out = {}
+    for run_id, previous, read_version, read in (
+            Consumption.objects.filter(dataset=dataset, partition_key__lt=first, run__job__dataset=dataset)
+            .values_list("run__run_id", "partition_key", "version_id", "version__run__run_id")):
+        if run_id in runs and read_version and now.get(previous, (None,))[0] != read_version:
+            out[runs[run_id]] = {"previous": previous, "read": read, "now": now.get(previous, (None, None))[1]}
+    return out
+
+
+def _read_a_replaced_past(dataset: Dataset, current: dict[str, str]) -> dict[str, dict]:
+    """The partitions among `current` whose version read a previous partition whose
+    version readers no longer see."""
+    from backfill_portal.warehouse.models import Consumption
+
     by_run = {run_id: key for key, run_id in current.items() if run_id}
+    if not by_run:
+        return {}
     reads = list(Consumption.objects.filter(run__run_id__in=list(by_run), dataset=dataset)
                  .values_list("run__run_id", "partition_key", "version__run__run_id"))
     now = get_warehouse().current_many(dataset.name, sorted({previous for _, previous, _ in reads}))

@@ -212,6 +212,33 @@ def test_an_explicit_exclusion_leaves_those_partitions_as_they_are_and_is_audite
         assert (event.actor_name, event.data["stale"]) == ("alice", recorded)
 
 
+def test_the_partitions_after_a_stale_one_are_marked_stale_through_it_until_rebuilt_from_there(
+        personas, task_queue, warehouse, history):
+    """The exploratory test: only the first partition left out was marked; the ones after
+    it read it as readers still see it, so they looked current, yet their totals descend
+    from the replaced past just the same."""
+    request = run_to_end(personas, task_queue, job="running_totals", start=DAYS[1], end=DAYS[1],
+                         exclude_stale={"running_totals": DAYS[-2:]})
+    assert request.status == RequestStatus.RECONCILING
+    expected = expected_totals(warehouse)
+    assert gmv(warehouse, "running_totals", DAYS[-1], "gmv_to_date") != expected[DAYS[-1]]
+    from django.test import Client
+
+    client = Client()
+    client.force_login(personas["oscar"])
+    listing = client.get("/datasets/running_totals/").content.decode()
+    assert listing.count(f"stale: built on a replaced {DAYS[-3]}") == 1
+    assert listing.count(f"stale: built on a stale {DAYS[-2]}") == 1
+    page = client.get(f"/datasets/running_totals/partitions/{DAYS[-1]}/").content.decode()
+    assert 'id="stale-past"' in page and "and its past is stale" in page and f"from {DAYS[-2]} rebuilds" in page
+    for fresh in DAYS[:-2]:
+        assert 'id="stale-past"' not in client.get(f"/datasets/running_totals/partitions/{fresh}/").content.decode()
+    # Rebuilt from the stale one on: nothing is marked any more.
+    run_to_end(personas, task_queue, job="running_totals", start=DAYS[-2], end=DAYS[-2])
+    assert gmv(warehouse, "running_totals", DAYS[-1], "gmv_to_date") == expected_totals(warehouse)[DAYS[-1]]
+    assert "stale: built on" not in client.get("/datasets/running_totals/").content.decode()
+
+
 def test_excluding_a_partition_that_is_not_stale_is_refused_with_the_field_named(
         personas, task_queue, warehouse, history, api):
     before = (BackfillRequest.objects.count(), AuditEvent.objects.count())
