@@ -518,3 +518,42 @@ def test_a_refused_body_from_someone_without_the_right_is_an_audited_403_and_a_4
     assert audit_mark() == mark  # nothing refused, nothing done
     assert snapshot("cancel", {"request": request}, None) == before
 
+
+
+# The same through the pages' forms: action -> (URL, form fields, who may, the denied action).
+BAD_FORMS = {
+    "approve": ("/requests/{r}/approve/", {"comment": LONG}, "olivia", "approval.approve"),
+    "approve_step": ("/approvals/steps/{s}/decide/", {"decision": "approve", "comment": LONG}, "olivia",
+                     "approval.approve"),
+    "cancel": ("/requests/{r}/cancel/", {"reason": LONG}, "alice", "request.cancel"),
+    "explain_many": ("/requests/{r}/reconciliation/explain/", {"explanation": LONG, "scope": "unexplained"}, "alice",
+                     "reconciliation.explain"),
+    "signoff": ("/requests/{r}/reconciliation/signoff/", {"comment": LONG}, "olivia", "reconciliation.signoff"),
+    "rollback_request": ("/requests/{r}/rollback/", {"reason": LONG}, "oscar", "request.rollback"),
+    # (The partition rollback page needs a published partition: a 404 here.)
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", list(BAD_FORMS))
+def test_an_invalid_form_from_someone_without_the_right_is_an_audited_403_and_refused_for_whoever_has_it(
+        people, action):
+    """The exploratory test: the pages read an invalid form's fields as blank, so a
+    5,000-character approval comment was dropped and the step approved without it; and
+    someone without the right got a form error instead of an audited refusal."""
+    path, form, rightful, denied = BAD_FORMS[action]
+    request = pending(people)
+    step = request.approval_steps.get()
+    url = path.format(r=request.pk, s=step.pk)
+    before = snapshot("approve_step", {"request": request, "step": step}, None)
+    mark = audit_mark()
+    response = client_for("web", people["bob"]).post(url, form)
+    assert response.status_code == 403, (response.status_code, response.content[:300])
+    events = list(AuditEvent.objects.filter(id__gt=mark).values_list("actor__username", "action"))
+    assert events == [("bob", "denied." + denied)]
+    mark = audit_mark()
+    response = client_for("web", people[rightful]).post(url, form)
+    assert response.status_code == 400, (response.status_code, response.content[:300])
+    assert "at most 4000 characters" in response.content.decode()
+    assert not AuditEvent.objects.filter(id__gt=mark).exclude(action="reconciliation.compute").exists()
+    assert snapshot("approve_step", {"request": request, "step": step}, None) == before  # nothing done

@@ -9,6 +9,8 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from backfill_portal.backfills.policy import require_decide_handoff, require_decide_step
+from backfill_portal.web.forms import cleaned
 from backfill_portal.web.forms.requests import DecisionForm, HandoffDecisionForm
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, HandoffItem, Interval
 from backfill_portal.backfills.selectors import handoffs_waiting_for, steps_waiting_for
@@ -137,7 +139,8 @@ def _handoff_response(request, item: HandoffItem, *, alert: dict, bound: dict, s
 def form_errors(form, exc: ApplicationError, field: str) -> None:
     if field in exc.fields:
         for text in exc.fields[field]:
-            form.add_error(field, text)
+            if text not in form.errors.get(field, ()):  # the form's own errors are there already
+                form.add_error(field, text)
     else:
         form.add_error(None, exc.message)
 
@@ -152,13 +155,13 @@ def approval_step_decide_view(request, pk: int):
     step = _object_or_404(ApprovalStep.objects.select_related(
         "request__job__dataset", "request__requested_by", "dataset", "job", "approver"), pk, "approval step")
     form = _step_form(step, request.POST)
-    form.is_valid()
     decision = request.POST.get("decision")
     try:
+        data = cleaned(form, permission=lambda: require_decide_step(request.user, step, approve=decision != "reject"))
         if decision not in ("approve", "reject"):
             raise ValidationError("choose Approve or Reject")
         approval_step_decide(actor=request.user, step=step, approve=decision == "approve",
-                             comment=form.cleaned_data.get("comment", ""))
+                             comment=data.get("comment", ""))
     except ApplicationError as exc:
         return _refused(request, exc, form, ("step", step.pk),
                         lambda **kw: _card_response(request, step.request, **kw))
@@ -200,10 +203,10 @@ def handoff_decide_view(request, pk: int):
     item = _object_or_404(HandoffItem.objects.select_related(
         "request__job__dataset", "request__requested_by", "job__dataset", "owner"), pk, "hand-off item")
     form = _handoff_form(item, request.POST)
-    form.is_valid()
     decision = request.POST.get("decision")
-    comment = form.cleaned_data.get("comment", "")
     try:
+        comment = cleaned(form, permission=lambda: require_decide_handoff(
+            request.user, item, to="declined" if decision == "decline" else "accepted")).get("comment", "")
         if decision == "accept":
             done = handoff_accept(actor=request.user, item_id=item.pk, comment=comment)
             text = f"Accepted: request #{done.follow_up_id} rebuilds {item.job.name} and is waiting for approval."

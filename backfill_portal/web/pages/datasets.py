@@ -27,6 +27,7 @@ from backfill_portal.core.web import (
     redirect_after_post,
     render_page,
 )
+from backfill_portal.web.forms import cleaned
 from backfill_portal.web.forms.partitions import RollbackForm
 from backfill_portal.warehouse.models import Contamination, Publication
 from backfill_portal.backends import get_warehouse
@@ -38,6 +39,7 @@ from backfill_portal.recovery.rollback import (
     partition_contamination,
     partition_rollback,
     partition_rollback_rebuild,
+    require_partition_rollback,
     previous_verified,
     rollback_state,
 )
@@ -170,15 +172,17 @@ def partition_rollback_confirm(request, name: str, key: str):
 
     form = RollbackForm(request.POST)
     ctx["form"] = form
-    form.is_valid()
-    data = form.cleaned_data
     try:
+        data = cleaned(form, permission=lambda: require_partition_rollback(actor=request.user, dataset=name,
+                                                                           partition_key=key))
         result = partition_rollback(actor=request.user, dataset=name, partition_key=key,
                                     reason=data.get("reason", ""))
     except ApplicationError as exc:
-        if "reason" in exc.fields:
-            for text in exc.fields["reason"]:
-                form.add_error("reason", text)
+        if set(exc.fields) & set(form.fields):
+            for field, texts in exc.fields.items():
+                for text in texts:
+                    if field in form.fields and text not in form.errors.get(field, ()):
+                        form.add_error(field, text)
         else:
             # Show the partition as it is now (someone may have moved the pointer meanwhile).
             ctx.update(_with_consumers(_partition_context(request.user, name, key)))

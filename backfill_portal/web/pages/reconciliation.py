@@ -12,7 +12,8 @@ from django.views.decorators.http import require_POST
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.web.forms.requests import ExplainForm, SignoffForm
 from backfill_portal.backfills.models import BackfillRequest, Reconciliation, ReconciliationRow
-from backfill_portal.backfills.policy import may_review, may_sign_off
+from backfill_portal.backfills.policy import may_review, may_sign_off, require_request_action
+from backfill_portal.web.forms import cleaned
 from backfill_portal.backfills.selectors import request_get
 from backfill_portal.catalog.tolerances import BASELINE_WINDOW
 from backfill_portal.web.pages.approvals import form_errors
@@ -205,11 +206,11 @@ def reconciliation_explain(request, pk: int, row_pk: int):
     if row is None:
         raise NotFound(f"request #{pk} has no reconciliation row {row_pk} (recomputed since?); reload the page")
     form = _explain_form(row, request.POST)
-    form.is_valid()
     status, notice = 200, ""
     try:
+        data = cleaned(form, permission=lambda: require_request_action(request.user, req, "explain"))
         interval_explain(actor=request.user, request_id=req.pk, partition_key=row.partition_key,
-                         explanation=form.cleaned_data.get("explanation", ""), job=row.job.name)
+                         explanation=data.get("explanation", ""), job=row.job.name)
     except ApplicationError as exc:
         form_errors(form, exc, "explanation")
         status = error_status(exc)
@@ -238,11 +239,10 @@ def reconciliation_explain(request, pk: int, row_pk: int):
 def reconciliation_signoff_view(request, pk: int):
     from backfill_portal.recovery.reconciliation import reconciliation_signoff
 
-    request_get(pk)
-    form = SignoffForm(request.POST)
-    form.is_valid()
+    req = request_get(pk)
     try:
-        req = reconciliation_signoff(actor=request.user, request_id=pk, comment=form.cleaned_data.get("comment", ""))
+        data = cleaned(SignoffForm(request.POST), permission=lambda: require_request_action(request.user, req, "signoff"))
+        req = reconciliation_signoff(actor=request.user, request_id=pk, comment=data.get("comment", ""))
     except ApplicationError as exc:
         return reconciliation(request, pk, status=flash_error(request, exc))
     messages.success(request, f"Signed off: request #{req.pk} is {req.status}.")
@@ -274,15 +274,15 @@ def reconciliation_explain_many(request, pk: int):
 
     req = request_get(pk)
     form = ExplainForm(request.POST)
-    form.is_valid()
     if request.POST.get("scope") == "unexplained":
         picked = list(ReconciliationRow.objects.filter(request=req, verdict="unexplained")
                       .order_by("job_id", "position").values_list("job__name", "partition_key"))
     else:
         picked = [tuple(value.split("|", 1)) for value in request.POST.getlist("intervals") if "|" in value]
     try:
+        data = cleaned(form, permission=lambda: require_request_action(request.user, req, "explain"))
         rows = intervals_explain(actor=request.user, request_id=req.pk, intervals=picked,
-                                 explanation=form.cleaned_data.get("explanation", ""))
+                                 explanation=data.get("explanation", ""))
     except ApplicationError as exc:
         return reconciliation(request, pk, status=flash_error(request, exc))
     messages.success(request, f"Saved one explanation for {len(rows)} interval{'s' if len(rows) != 1 else ''}.")

@@ -21,6 +21,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseStopPolling
 
 from backfill_portal.backfills.choices import Cascade, IntervalStatus, RequestStatus, StepKind
+from backfill_portal.web.forms import cleaned
 from backfill_portal.web.forms.requests import (
     DecisionForm,
     ReasonForm,
@@ -33,7 +34,7 @@ from backfill_portal.web.forms.requests import (
 from backfill_portal.backfills.models import ApprovalStep, BackfillRequest
 from backfill_portal.catalog.calendar import dst_notes
 from backfill_portal.backfills.preview import request_plan_preview
-from backfill_portal.backfills.policy import may_create, request_actions, require_create
+from backfill_portal.backfills.policy import may_create, request_actions, require_create, require_request_action
 from backfill_portal.backfills.selectors import request_get, request_progress, request_rows
 from backfill_portal.backfills.staleness import FIELD as STALE_FIELD
 from backfill_portal.backfills.services.requests import (
@@ -463,6 +464,12 @@ def request_live(request, pk: int):
 # --- Actions ---------------------------------------------------------------------------
 
 
+def _cleaned(form, user, pk: int, action: str) -> dict:
+    """The action's form, cleaned; refused (audited 403) first when it is invalid and the
+    user may not act on the request at all."""
+    return cleaned(form, permission=lambda: require_request_action(user, request_get(pk), action))
+
+
 def _run_action(verb: str, request, pk: int) -> str:
     user = request.user
     if verb == "submit":
@@ -472,15 +479,13 @@ def _run_action(verb: str, request, pk: int) -> str:
                                 confirm_overlap=form.cleaned_data.get("confirm_overlap", False))
         return f"Request #{pk} submitted for approval."
     if verb in ("approve", "reject"):
-        form = DecisionForm(request.POST)
-        form.is_valid()
+        data = _cleaned(DecisionForm(request.POST), user, pk, verb)
         req = backfill_request_decide(actor=user, request_id=pk, approve=verb == "approve",
-                                      comment=form.cleaned_data.get("comment", ""))
+                                      comment=data.get("comment", ""))
         return f"You {'approved' if verb == 'approve' else 'rejected'} request #{pk}; it is now {req.status}."
     if verb == "cancel":
-        form = ReasonForm(request.POST)
-        form.is_valid()
-        backfill_request_cancel(actor=user, request_id=pk, reason=form.cleaned_data.get("reason", ""))
+        data = _cleaned(ReasonForm(request.POST), user, pk, "cancel")
+        backfill_request_cancel(actor=user, request_id=pk, reason=data.get("reason", ""))
         return f"Request #{pk} cancelled."
     if verb == "pause":
         request_pause(actor=user, request_id=pk)
@@ -492,16 +497,15 @@ def _run_action(verb: str, request, pk: int) -> str:
         request_retry_failed(actor=user, request_id=pk)
         return f"Failed intervals of request #{pk} queued again."
     if verb == "rollback":
-        form = RequestRollbackForm(request.POST)
-        form.is_valid()
-        result = request_rollback(actor=user, request_id=pk, reason=form.cleaned_data.get("reason", ""))
+        data = _cleaned(RequestRollbackForm(request.POST), user, pk, "rollback")
+        result = request_rollback(actor=user, request_id=pk, reason=data.get("reason", ""))
         text = (f"Request #{pk} rolled back: {len(result['partitions'])} partition(s) show their previous verified "
                 f"version again; {len(result['consumers'])} consumer run(s) had read the rolled-back versions; "
                 f"{len(result['impact'])} published partition(s) were built from them and are marked until rebuilt.")
         if result["restored_tainted"]:
             text += (f" {len(result['restored_tainted'])} partition(s) went back to versions that were themselves built "
                      "from a rolled-back input: they are marked again until a new rebuild replaces them.")
-        if form.cleaned_data.get("rebuild") and result["impact"]:
+        if data.get("rebuild") and result["impact"]:
             try:
                 filed = rollback_rebuild(actor=user, request_id=pk)
             except ApplicationError as exc:
