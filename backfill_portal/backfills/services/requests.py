@@ -38,7 +38,8 @@ from backfill_portal.catalog.lineage import LineageGraph, covered_partitions
 from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.core.errors import ConflictError, ValidationError
 from backfill_portal.core.outbox import enqueue
-from backfill_portal.core.services.audit import audit_record
+from backfill_portal.core.retry import run_again_if_deadlocked
+from backfill_portal.core.services.audit import audit_record, audit_serialise
 
 
 def _payload_hash(payload: dict) -> str:
@@ -558,18 +559,30 @@ def backfill_request_cancel(*, actor, request_id, reason: str) -> BackfillReques
     reason = (reason or "").strip()
     if not reason:
         raise ValidationError("say why you cancel; the requester and auditors will read it", field="reason")
-    had_work = request.status in (RequestStatus.APPROVED, RequestStatus.RUNNING)
-    with transaction.atomic():
-        request_transition(request, to=RequestStatus.CANCELLED, actor=actor, reason=reason, action="request.cancel")
-        for step in ApprovalStep.objects.filter(request=request, status=StepStatus.PENDING):
-            step.request = request
-            step_transition(step, to=StepStatus.CANCELLED, actor=actor, comment="request cancelled")
-        intervals_bulk_transition(request, frm=IntervalStatus.PLANNED, to=IntervalStatus.CANCELLED, actor=actor,
-                                  reason="request cancelled")
-        # A failed request given up: its failed intervals will not be retried either.
-        intervals_bulk_transition(request, frm=IntervalStatus.FAILED, to=IntervalStatus.CANCELLED, actor=actor,
-                                  reason="request cancelled")
-        if had_work:  # once this commits, its runs (execution's) stop; if that is lost, the sweeper stops them
-            pk = request.pk
-            transaction.on_commit(lambda: run_control().stop_runs(request_id=pk))
-    return request
+
+    def cancel() -> BackfillRequest:
+        with transaction.atomic():
+            # The audit chain's lock before the request's rows, as a publication and a
+            # dispatch take it before they touch the request (core/retry.py).
+            audit_serialise()
+            request = request_get(request_id)  # again: a deadlock's retry reads it anew
+            had_work = request.status in (RequestStatus.APPROVED, RequestStatus.RUNNING)
+            request_transition(request, to=RequestStatus.CANCELLED, actor=actor, reason=reason,
+                               action="request.cancel")
+            for step in ApprovalStep.objects.filter(request=request, status=StepStatus.PENDING):
+                step.request = request
+                step_transition(step, to=StepStatus.CANCELLED, actor=actor, comment="request cancelled")
+            intervals_bulk_transition(request, frm=IntervalStatus.PLANNED, to=IntervalStatus.CANCELLED, actor=actor,
+                                      reason="request cancelled")
+            # A failed request given up: its failed intervals will not be retried either.
+            intervals_bulk_transition(request, frm=IntervalStatus.FAILED, to=IntervalStatus.CANCELLED, actor=actor,
+                                      reason="request cancelled")
+            if had_work:
+                # Once this commits, its runs (execution's) stop. That is a transaction of
+                # its own: if it fails (a worker moved a run meanwhile), the cancel still
+                # stands, and the sweeper stops what is left (robust: logged, not raised).
+                pk = request.pk
+                transaction.on_commit(lambda: run_control().stop_runs(request_id=pk), robust=True)
+        return request
+
+    return run_again_if_deadlocked(cancel, what=f"cancelling request #{request.pk}")

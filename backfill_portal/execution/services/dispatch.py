@@ -23,7 +23,8 @@ from backfill_portal.backfills.services.requests import request_lock
 from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition, intervals_transition
 from backfill_portal.catalog.models import Job
 from backfill_portal.core.errors import ConflictError, NotFound
-from backfill_portal.core.services.audit import audit_batch, audit_record
+from backfill_portal.core.retry import run_again_if_deadlocked
+from backfill_portal.core.services.audit import audit_batch, audit_record, audit_serialise
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import Attempt, Run
 from backfill_portal.execution.queue import BACKFILL_QUEUE, PRODUCTION_QUEUE, broker_queue_depth, enqueue
@@ -392,19 +393,35 @@ def request_stop_runs(*, request_id: int) -> int:
     becomes visible (the publish of a cancelled run is refused by its state). Returns
     how many runs and intervals it stopped (0: nothing was left, e.g. someone stopped
     them already)."""
-    stopped = 0
-    with transaction.atomic():
-        request_lock(request_id)
-        request = BackfillRequest.objects.select_related("job__dataset").get(pk=request_id)
-        for run in Run.objects.filter(request=request, status__in=RUN_ACTIVE).select_related("job__dataset"):
-            run_transition(run, to=RunStatus.CANCELLED, reason="request cancelled", updates={"finished_at": timezone.now()})
-            stopped += 1
-            for attempt in Attempt.objects.filter(run=run, status=AttemptStatus.RUNNING).select_related("run"):
-                attempt_transition(attempt, to=AttemptStatus.FAILED, reason="request cancelled",
-                                   updates={"finished_at": timezone.now(), "error": "cancelled"})
-        for frm in (I.QUEUED, I.RUNNING, I.FAILED):
-            stopped += intervals_bulk_transition(request, frm=frm, to=I.CANCELLED, reason="request cancelled")
-    return stopped
+
+    def stop() -> int:
+        stopped = 0
+        with transaction.atomic():
+            # The audit chain's lock first, then the request's rows, as the cancel does
+            # (core/retry.py): a worker's publication holds it while it moves them.
+            audit_serialise()
+            request_lock(request_id)
+            request = BackfillRequest.objects.select_related("job__dataset").get(pk=request_id)
+            for run in Run.objects.filter(request=request, status__in=RUN_ACTIVE).select_related("job__dataset"):
+                run_transition(run, to=RunStatus.CANCELLED, reason="request cancelled",
+                               updates={"finished_at": timezone.now()})
+                stopped += 1
+                for attempt in Attempt.objects.filter(run=run, status=AttemptStatus.RUNNING).select_related("run"):
+                    attempt_transition(attempt, to=AttemptStatus.FAILED, reason="request cancelled",
+                                       updates={"finished_at": timezone.now(), "error": "cancelled"})
+            for frm in (I.QUEUED, I.RUNNING, I.FAILED):
+                stopped += intervals_bulk_transition(request, frm=frm, to=I.CANCELLED, reason="request cancelled")
+        return stopped
+
+    # A run a worker moved between the read and its transition (running -> staged) is a
+    # lost race, not a reason to stop stopping: read them again, as for a deadlock.
+    for attempt in range(1, 4):
+        try:
+            return run_again_if_deadlocked(stop, what=f"stopping the runs of request #{request_id}")
+        except ConflictError:
+            if attempt == 3 or transaction.get_connection().in_atomic_block:
+                raise
+    raise AssertionError("unreachable")
 
 
 def warehouse_probe_and_resume() -> int:

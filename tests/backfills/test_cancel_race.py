@@ -1,0 +1,71 @@
+"""Cancelling while a worker publishes, on PostgreSQL. The exploratory test: on-call's
+cancel of a running request was a 500 "deadlock detected" (and did not happen) when it
+met a publication: the cancel locked the request's row and then waited for the audit
+chain's lock, which the publication held while it waited to move the request's rows.
+Now the cancel takes the chain's lock first, and runs again if the database aborts it to
+break a deadlock."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection, connections, transaction
+
+from backfill_portal.backfills.choices import RequestStatus
+from backfill_portal.backfills.models import BackfillRequest
+from backfill_portal.backfills.services.requests import (
+    backfill_request_cancel,
+    backfill_request_create,
+    backfill_request_submit,
+)
+from backfill_portal.core.models import AuditEvent
+from backfill_portal.core.services.audit import audit_serialise
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql",
+                       reason="needs PostgreSQL: two concurrent transactions (CI's second pass runs it)"),
+]
+
+
+def waiting_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0]
+
+
+def test_a_cancel_meeting_a_transaction_that_holds_the_audit_chain_and_moves_the_request_does_not_deadlock(
+        personas, catalog):
+    request, _ = backfill_request_create(actor=personas["alice"], job="dwd_order_items", reason="late events",
+                                         start="2022-10-01", end="2022-10-03")
+    backfill_request_submit(actor=personas["alice"], request_id=request.pk, confirm_overlap=True)
+    outcome, errors = {}, []
+
+    def cancel():
+        try:
+            outcome["request"] = backfill_request_cancel(actor=personas["oscar"], request_id=request.pk,
+                                                         reason="wrong range")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    # What a publication does: the audit chain's lock, then the request's row.
+    with transaction.atomic():
+        audit_serialise()
+        canceller = threading.Thread(target=cancel)
+        canceller.start()
+        deadline = time.monotonic() + 30
+        while waiting_backends() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waiting_backends() >= 1, "the cancel should be waiting for the audit chain"
+        time.sleep(0.3)  # were the cancel holding the request's row, the UPDATE below would deadlock
+        BackfillRequest.objects.filter(pk=request.pk).update(max_active_intervals=2)
+    canceller.join(60)
+    assert not errors, errors
+    request.refresh_from_db()
+    assert (request.status, request.max_active_intervals) == (RequestStatus.CANCELLED, 2)
+    assert AuditEvent.objects.filter(action="request.cancel", object_id=str(request.pk)).count() == 1
