@@ -2,11 +2,12 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from backfill_portal.web.forms.auth import SignInForm
 from backfill_portal.web.pages import approvals, calendar, catalog, datasets, home, reconciliation, requests, runs, stale
 import backfill_portal.core.converters  # noqa: F401  (registers <dataset:…> and <partition:…>)
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True, authentication_form=SignInForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", home.home, name="home"),
     path("requests/", requests.request_list, name="request-list"),

@@ -7,3 +7,10 @@ class WebConfig(AppConfig):
 
     name = "backfill_portal.web"
     label = "web"
+
+    def ready(self) -> None:
+        from django.contrib import admin
+
+        from backfill_portal.web.forms.auth import AdminSignInForm
+
+        admin.site.login_form = AdminSignInForm  # the admin's sign-in checks lengths as the portal's does

@@ -218,3 +218,19 @@ def test_a_burst_of_concurrent_guesses_over_http_still_locks_the_username(live_s
     assert post_login("pw-alice") == 429
     assert AuditEvent.objects.filter(action="denied.login", object_id="alice").count() == 21
     print(f"burst of 20: {answers.count(200)} answered as a wrong password, {answers.count(429)} as locked")
+
+
+@pytest.mark.parametrize("url", [LOGIN, "/admin/login/"])
+def test_a_username_or_password_too_long_to_be_anyones_is_the_sign_in_error_not_a_500(personas, url):
+    """The exploratory test: a 256-character username reached django-axes, whose failed
+    attempt row holds 255 characters: a 500 on PostgreSQL, before anyone signed in."""
+    client = Client()
+    for username, password in (("a" * 256, "x"), ("a" * 100_000, "x"), ("alice", "p" * 5000)):
+        response = sign_in(client, username, password, url)
+        assert response.status_code == 200, (len(username), response.status_code)
+        assert "at most" in response.content.decode()
+        assert signed_in_as(client) is None
+    assert not AccessAttempt.objects.filter(username__startswith="aaaa").exists()
+    if url == LOGIN:  # and the right ones still sign in (alice is no staff member for the admin's)
+        assert sign_in(client, "alice", "pw-alice", url).status_code == 302
+        assert signed_in_as(client) == "alice"
