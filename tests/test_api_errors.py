@@ -157,6 +157,32 @@ def test_a_nul_character_in_a_json_key_or_value_is_a_400_and_creates_nothing(ope
     assert not BackfillRequest.objects.exists()
 
 
+
+@pytest.mark.parametrize("url, form", [
+    ("/requests/preview/", {"job": "dws_sales_daily\x00", "start": "2022-10-01", "end": "2022-10-02"}),
+    ("/requests/new/", {"job": "dwd_order_items", "start": "2022-10-01", "end": "2022-10-02", "reason": "r",
+                        "cascade": "none", "strategy": "forward", "max_active_intervals": 4,
+                        "side_effects": "nf\x00", "action": "create"}),
+    ("/requests/new/", {"job": "dwd_order_items", "start": "2022-10-01", "end": "2022-10-02", "reason": "r",
+                        "idempotency_key": "ab\x00cd", "action": "create"}),
+    ("/api/requests/", {"job": "dwd_order_items", "start": "2022-10-01", "end": "2022-10-02", "reason": "r\x00"}),
+])
+@pytest.mark.parametrize("multipart", [False, True], ids=["urlencoded", "multipart"])
+def test_a_nul_character_in_a_form_field_is_a_400_and_creates_nothing(personas, catalog, url, form, multipart):
+    """The exploratory test: a NUL in a page's form field (the preview's job, a side
+    effect) was a 500 on PostgreSQL, which cannot store one in text."""
+    client = Client()
+    client.force_login(personas["alice"])
+    if multipart:
+        response = client.post(url, form)
+    else:
+        from urllib.parse import urlencode
+
+        response = client.post(url, urlencode(form), content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 400, (response.status_code, response.content[:300])
+    assert b"NUL" in response.content
+    assert not BackfillRequest.objects.exists()
+
 # -- 3. a body over DATA_UPLOAD_MAX_MEMORY_SIZE: 413, not 500 --------------------------------
 
 def test_an_api_body_over_the_upload_limit_is_a_documented_413_and_creates_nothing(openapi, catalog, settings):
