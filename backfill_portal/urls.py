@@ -23,5 +23,6 @@ urlpatterns = [
 # JSON under /api/ (an id that matches no route is a 404 like a missing object), the
 # pages' templates elsewhere. With DEBUG on Django bypasses handler404 for its debug
 # page; core.middleware.ApiNotFoundMiddleware keeps /api/ in JSON then.
+handler400 = "backfill_portal.core.api.bad_request"
 handler404 = "backfill_portal.core.api.not_found"
 handler500 = "backfill_portal.core.api.server_error"

@@ -215,6 +215,10 @@ def test_a_page_form_over_the_upload_limit_is_a_400_not_a_500(personas, catalog)
     client.force_login(personas["alice"])
     response = client.post("/requests/new/", {"job": "dwd_order_items", "reason": "r" * 3 * 1024 * 1024})
     assert response.status_code == 400
+    assert b"could not read this request" in response.content  # the portal's 400 page, not Django's bare one
+    many = {f"f{i}": "x" for i in range(1500)}  # over DATA_UPLOAD_MAX_NUMBER_FIELDS
+    response = client.post("/requests/new/", many)
+    assert response.status_code == 400 and b"Traceback" not in response.content
     assert not BackfillRequest.objects.exists()
 
 
@@ -445,3 +449,12 @@ def test_mine_is_documented_and_reads_true_or_false(openapi, catalog, path):
         assert openapi("GET", path, query={"mine": good}, as_="alice").status_code == 200, good
     response = openapi("GET", path, query={"mine": "maybe"}, as_="alice")
     assert response.status_code == 400 and "mine" in response.json()["errors"]
+
+
+def test_a_multipart_body_that_cannot_be_parsed_is_a_400(personas, catalog):
+    client = Client()
+    client.force_login(personas["alice"])
+    response = client.post("/requests/new/", b"--x\r\nbroken", content_type="multipart/form-data; boundary=")
+    assert response.status_code == 400, response.status_code
+    response = client.post("/api/requests/", b"--x\r\nbroken", content_type="multipart/form-data; boundary=")
+    assert response.status_code == 400 and response.json()["code"] == "invalid"

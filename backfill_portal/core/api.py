@@ -102,6 +102,15 @@ def not_found(request, exception=None):
     return defaults.page_not_found(request, exception)
 
 
+def bad_request(request, exception=None):
+    """A request Django could not read (a body over the limits, too many fields, a bad
+    Host): a 400 in the API's JSON under /api/, the bare 400 page elsewhere."""
+    if is_api_path(request.path):
+        return JsonResponse({"detail": "the request could not be read: too large, too many fields or malformed; "
+                                       "nothing was changed", "code": "invalid"}, status=400)
+    return defaults.bad_request(request, exception)
+
+
 def server_error(request):
     if is_api_path(request.path):
         return JsonResponse({"detail": "internal error; it has been logged", "code": "error"}, status=500)

@@ -35,7 +35,8 @@ def has_nul_byte(request: HttpRequest) -> bool:
         return True
     # A form's fields (a JSON body's are refused by its parser, core/parsers.py), read
     # as the view would. A body over the upload limit is left to the view, which refuses
-    # it as before (the API's 413); one Django cannot parse reaches it empty.
+    # it as before (the API's 413); too many fields, or a multipart body that cannot be
+    # parsed, is a 400 here (handler400), as Django would answer in the view.
     if request.method == "POST" and request.content_type in FORM_TYPES:
         from django.conf import settings
 
@@ -46,10 +47,13 @@ def has_nul_byte(request: HttpRequest) -> bool:
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if limit is not None and length > limit:
             return False
+        from django.core.exceptions import BadRequest
+        from django.http.multipartparser import MultiPartParserError
+
         try:
             fields = request.POST.lists()
-        except Exception:  # noqa: BLE001 - too many fields, a broken multipart body: the view's to refuse
-            return False
+        except MultiPartParserError as exc:  # a malformed body: a 400, not a form read as empty
+            raise BadRequest(f"the form's body could not be read: {exc}") from None
         return any("\x00" in key or any("\x00" in value for value in values) for key, values in fields)
     return False
 

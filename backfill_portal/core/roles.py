@@ -51,7 +51,9 @@ def deny(*, actor, action: str, reason: str, object_type: str = "", object_id=""
             actor=actor, action="denied." + action, object_type=object_type or "permission",
             object_id=object_id or "-", request_id=request_id, dataset=dataset, reason=reason,
         )
-    return PermissionDenied(reason)
+    refusal = PermissionDenied(reason)
+    refusal.audited = True  # the error page says so only then (a page's GET refusal is not recorded)
+    return refusal
 
 
 def require_role(actor, *roles: str, action: str, request_id: int | None = None, object_type: str = "", object_id="") -> None:

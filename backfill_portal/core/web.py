@@ -63,7 +63,7 @@ def render_error(request: HttpRequest, exc: ApplicationError) -> HttpResponse:
     status = error_status(exc)
     titles = {403: "Not allowed", 404: "Not found", 409: "Conflict"}
     ctx = {"status": status, "title": titles.get(status, "Request refused"), "messages_list": error_messages(exc),
-           "code": exc.code}
+           "code": exc.code, "audited": getattr(exc, "audited", False)}
     if is_htmx(request):
         return render(request, "errors/_application_error_alert.html", ctx, status=status)
     return render_page(request, "errors/application_error.html", ctx, status=status)

@@ -149,8 +149,15 @@ def test_a_forged_rollback_is_403_recorded_and_moves_nothing(web, incident, ware
         assert "needs on-call, an admin or the dataset owner" in response.content.decode()
         assert warehouse.current("dwd_order_items", "2022-10-01") == runs(bad)["2022-10-01"].run_id
         assert AuditEvent.objects.filter(action="denied.partition.rollback", actor_name=who).count() == 1
-        web(who).post(reverse("partition-rebuild-consumers", args=["dwd_order_items", "2022-10-01"]))
+        # The rebuild's refusal is the 403 page too (it was a redirect with a message).
+        response = web(who).post(reverse("partition-rebuild-consumers", args=["dwd_order_items", "2022-10-01"]))
+        assert response.status_code == 403, (who, response.status_code)
+        assert "This refusal is recorded in the audit log" in response.content.decode()
+        assert AuditEvent.objects.filter(action="denied.rollback.rebuild", actor_name=who).count() == 1
         assert not BackfillRequest.objects.filter(job__name="dws_sales_daily", status="pending_approval").exists()
+    # A partition that does not exist is a 404, not a redirect to a page that is one.
+    response = web("oscar").post(reverse("partition-rebuild-consumers", args=["dwd_order_items", "2099-10-05"]))
+    assert response.status_code == 404
 
 
 def test_rollback_post_needs_a_csrf_token(incident, personas, warehouse):

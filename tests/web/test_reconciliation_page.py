@@ -108,6 +108,9 @@ def test_forged_explanation_and_signoff_are_refused(web, doubled, personas):
     response = web("sam").post(url(doubled, "reconciliation-explain", row.pk), {"explanation": "fine"},
                                HTTP_HX_REQUEST="true")
     assert response.status_code == 403
+    # Without htmx the page says why too: sam is not shown the row's form that would carry it.
+    response = web("sam").post(url(doubled, "reconciliation-explain", row.pk), {"explanation": "fine"})
+    assert response.status_code == 403 and "explaining needs the requester" in response.content.decode()
     # The requester may explain, but never signs off.
     assert "Sign off: done" not in web("alice").get(url(doubled)).content.decode()
     response = web("alice").post(url(doubled, "reconciliation-signoff"), {})

@@ -248,10 +248,23 @@ def test_editing_the_form_after_a_saved_draft_files_a_new_request_on_the_next_pr
     assert response.status_code == 200
     html = response.content.decode()
     first = BackfillRequest.objects.get()
-    assert f"Your earlier attempt saved draft #{first.pk}" in html and 'value="form-2"' not in html
+    assert f"Your earlier attempt filed request #{first.pk} (draft)" in html and 'value="form-2"' not in html
     fresh_key = html.split('name="idempotency_key" value="')[1].split('"')[0]
     response = client.post(NEW, form_data(idempotency_key=fresh_key, reason="a different reason"))
     assert response.status_code == 302 and BackfillRequest.objects.count() == 2
+
+
+def test_a_damaged_hidden_key_gets_a_fresh_one_and_says_so(web, catalog):
+    """The exploratory test: a key the form refuses (100,000 characters) came back as it
+    was with no visible error, so every press failed the same way."""
+    client = web("alice")
+    response = client.post(NEW, form_data(idempotency_key="k" * 100_000))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "hidden key was not one the portal makes" in html and "k" * 200 not in html
+    fresh_key = html.split('name="idempotency_key" value="')[1].split('"')[0]
+    assert client.post(NEW, form_data(idempotency_key=fresh_key)).status_code == 302
+    assert BackfillRequest.objects.count() == 1
 
 
 def test_csrf_refusal_page_explains_that_nothing_changed(personas, catalog):

@@ -203,8 +203,13 @@ def partition_rollback_confirm(request, name: str, key: str):
 
 
 def _file_rebuilds(request, name: str, key: str) -> None:
+    """File the rebuild and say so; a refusal of the state (nothing to rebuild: a 409) is
+    a message on the partition page. Someone who may not file it, or a partition that
+    does not exist, is the error page with its status (403, 404), as for any action."""
     try:
         filed = partition_rollback_rebuild(actor=request.user, dataset=name, partition_key=key)
+    except (PermissionDenied, NotFound):
+        raise
     except ApplicationError as exc:
         messages.error(request, f"The rebuild was not filed: {exc.message}")
         return
@@ -221,6 +226,6 @@ def _file_rebuilds(request, name: str, key: str) -> None:
 @require_POST
 def partition_rebuild_consumers(request, name: str, key: str):
     """The one-click cascade after a rollback, offered on the partition page."""
-    _dataset_or_404(name)
+    _partition_context(request.user, name, key)  # 404 for a dataset or partition that does not exist
     _file_rebuilds(request, name, key)
     return redirect_after_post(request, reverse("partition", args=[name, key]))

@@ -214,6 +214,8 @@ def reconciliation_explain(request, pk: int, row_pk: int):
     except ApplicationError as exc:
         form_errors(form, exc, "explanation")
         status = error_status(exc)
+        if status == 403 and not is_htmx(request):
+            flash_error(request, exc)  # whoever may not explain is not shown the row's form to carry it
     else:
         row = ReconciliationRow.objects.select_related("job", "dataset", "explained_by").get(pk=row.pk)
         notice = f"Saved: {row.partition_key} is {row.verdict}."

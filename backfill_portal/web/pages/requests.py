@@ -281,6 +281,15 @@ def request_new(request):
 
     form = RequestForm(request.POST)
     if not form.is_valid():
+        if "idempotency_key" in form.errors:
+            # The form's hidden key was damaged (no page of ours sends one it refuses): a
+            # fresh one, and a visible error, so the next press can file the request.
+            data = request.POST.copy()
+            data["idempotency_key"] = uuid.uuid4().hex
+            form = RequestForm(data)
+            form.is_valid()
+            form.add_error(None, "This form's hidden key was not one the portal makes; it has a new one now. "
+                                 "Check the values and press again.")
         return _render_new(request, form)
     wants_submit = form.cleaned_data["action"] == "submit"
     try:
@@ -299,8 +308,9 @@ def request_new(request):
         data["idempotency_key"] = uuid.uuid4().hex
         form = RequestForm(data)
         form.is_valid()
-        form.add_error(None, f"Your earlier attempt saved draft #{earlier.pk if earlier else '?'} with different "
-                             "values. Press again to file a new request, or open and cancel that draft.")
+        what = f"request #{earlier.pk} ({earlier.status.replace('_', ' ')})" if earlier else "a request"
+        form.add_error(None, f"Your earlier attempt filed {what} with different values. Press again to file a new "
+                             "request, or open that one and cancel it.")
         return _render_new(request, form)
 
     detail = reverse("request-detail", args=[obj.pk])
