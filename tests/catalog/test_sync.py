@@ -165,6 +165,24 @@ BAD_CATALOGS = {
     # A file of another format, or a misspelt section, was read as "nothing declared".
     "another_version": (variant(lambda d: d.update(version=99)), "version", "catalog version 99 is not supported"),
     "misspelt_section": (variant(lambda d: d.update(dataset=d["datasets"])), "dataset", "unknown key"),
+    # A tolerance that is no number was stored, and every verification of the dataset's
+    # runs failed on it (they waited in `staged` for ever); YAML's `yes` was 1 attempt.
+    "tolerance_not_a_number": (variant(lambda d: dataset(d, "dws_sales_daily").update(tolerances={"row_band": "abc"})),
+                               f"datasets[{DS['dws_sales_daily']}].tolerances.row_band", "must be a number"),
+    "tolerance_negative": (variant(lambda d: dataset(d, "dws_sales_daily").update(tolerances={"measure_rel": -1})),
+                           f"datasets[{DS['dws_sales_daily']}].tolerances.measure_rel", "must be a number from 0"),
+    "tolerance_switch_not_a_boolean": (
+        variant(lambda d: dataset(d, "dws_sales_daily").update(tolerances={"row_band_blocking": "no"})),
+        f"datasets[{DS['dws_sales_daily']}].tolerances.row_band_blocking", "true or false"),
+    "tolerances_not_a_mapping": (variant(lambda d: dataset(d, "dws_sales_daily").update(tolerances=[1])),
+                                 f"datasets[{DS['dws_sales_daily']}].tolerances"),
+    "max_attempts_yes": (variant(lambda d: job(d, "dws_sales_daily").update(max_attempts=True)),
+                         f"jobs[{JOBS['dws_sales_daily']}].max_attempts", "whole number"),
+    "pool_slots_huge": (variant(lambda d: d["pools"][0].update(slots=10**23)), "pools[0].slots", "whole number"),
+    "team_limit_yes": (variant(lambda d: d["teams"][0].update(max_concurrent_runs=True)),
+                       "teams[0].max_concurrent_runs", "whole number"),
+    "max_attempts_huge": (variant(lambda d: job(d, "dws_sales_daily").update(max_attempts=10**25)),
+                          f"jobs[{JOBS['dws_sales_daily']}].max_attempts", "whole number"),
 }
 
 
@@ -296,3 +314,16 @@ def test_a_sync_without_who_or_why_is_refused_and_writes_nothing(personas, tmp_p
     with pytest.raises(CommandError, match=message):
         call_command("sync_catalog", str(path), *args, stdout=StringIO())
     assert counts() == before
+
+
+def test_the_command_names_each_problem_once_and_a_file_that_is_not_utf8(personas, tmp_path):
+    """The exploratory test: `first: version: …` was followed by the same `(version: …)`,
+    and a file in another encoding was `UnicodeDecodeError` with no file name."""
+    with pytest.raises(CommandError) as exc:
+        sync_command(write(tmp_path, variant(lambda d: d.update(version=99))))
+    assert str(exc.value).count("catalog version 99 is not supported") == 1, str(exc.value)
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("owner: \xe9".encode("latin-1"))
+    with pytest.raises(CommandError) as exc:
+        sync_command(path)
+    assert str(path) in str(exc.value) and "not UTF-8" in str(exc.value), str(exc.value)

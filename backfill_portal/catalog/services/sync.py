@@ -109,8 +109,8 @@ def catalog_validate(doc: dict) -> dict:
             v.err(f"teams[{i}].name", f"{name!r} is not a valid team name")
             continue
         limit = t.get("max_concurrent_runs", 16)
-        if not isinstance(limit, int) or limit < 1:
-            v.err(f"teams[{i}].max_concurrent_runs", "must be a positive integer")
+        if not _whole(limit):
+            v.err(f"teams[{i}].max_concurrent_runs", f"must be a whole number from 1 to {MAX_SETTING}")
         teams[name] = {"max_concurrent_runs": limit}
 
     pools = {}
@@ -120,9 +120,9 @@ def catalog_validate(doc: dict) -> dict:
             v.err(f"pools[{i}].name", f"{name!r} is not a valid pool name")
             continue
         slots, reserved = p.get("slots", 8), p.get("reserved_for_production", 0)
-        if not isinstance(slots, int) or slots < 1:
-            v.err(f"pools[{i}].slots", "must be a positive integer")
-        elif not isinstance(reserved, int) or not 0 <= reserved < slots:
+        if not _whole(slots):
+            v.err(f"pools[{i}].slots", f"must be a whole number from 1 to {MAX_SETTING}")
+        elif not isinstance(reserved, int) or isinstance(reserved, bool) or not 0 <= reserved < slots:
             v.err(f"pools[{i}].reserved_for_production", "must be an integer from 0 to slots - 1")
         pools[name] = {"slots": slots, "reserved_for_production": reserved}
 
@@ -195,7 +195,7 @@ def catalog_validate(doc: dict) -> dict:
             "columns": [{"name": c["name"], "type": c.get("type")} for c in columns if isinstance(c, dict) and "name" in c],
             "is_source": is_source, "time_column": time_column,
             "partition_column": partition_column, "indexes": indexes, "reader_layout": reader_layout,
-            "tolerances": dict(d.get("tolerances") or {}),
+            "tolerances": _tolerances(v, path, d),
             "source_measure_sql": str(d.get("source_measure_sql") or ""),
             "checks": [
                 {"name": c["name"], "sql": c["sql"], "blocking": bool(c.get("blocking", True))}
@@ -241,8 +241,9 @@ def catalog_validate(doc: dict) -> dict:
         limits = {}
         for key_name, default in (("max_concurrent_runs", 4), ("max_attempts", 3), ("heartbeat_timeout_seconds", 60)):
             value = j.get(key_name, default)
-            if not isinstance(value, int) or value < 1:
-                v.err(f"{path}.{key_name}", "must be a positive integer")
+            # (YAML's `yes` is a bool, which Python counts as an int.) A database integer holds 2**31 - 1.
+            if not _whole(value):
+                v.err(f"{path}.{key_name}", f"must be a whole number from 1 to {MAX_SETTING}")
             limits[key_name] = value
         jobs[name] = {
             "description": str(j.get("description", "")),
@@ -301,6 +302,44 @@ def _partition_column(v: _Validator, path: str, d: dict, col_types: dict[str, st
     else:
         return name
     return ""
+
+
+# The tolerances a dataset may set (catalog/tolerances.py): numbers, and one switch.
+TOLERANCE_NUMBERS = ("row_band", "measure_rel")
+TOLERANCE_SWITCHES = ("row_band_blocking",)
+MAX_SETTING = 2**31 - 1  # what a database integer column holds
+
+
+def _whole(value) -> bool:
+    """A limit from 1 to MAX_SETTING (YAML's `yes` is a bool, which Python counts as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SETTING
+
+
+def _tolerances(v: _Validator, path: str, d: dict) -> dict:
+    """`tolerances`: row_band and measure_rel are numbers from 0 (relative distances),
+    row_band_blocking is true or false; other keys are custom checks' settings (a
+    number, true/false or text). A wrong one was stored as it was and failed every
+    verification of the dataset's runs, which then waited in `staged` for ever."""
+    raw = d.get("tolerances") or {}
+    if not isinstance(raw, dict):
+        v.err(f"{path}.tolerances", "must be a mapping (row_band, measure_rel, row_band_blocking)")
+        return {}
+    out = {}
+    for key, value in raw.items():
+        where = f"{path}.tolerances.{key}"
+        if key in TOLERANCE_NUMBERS:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                v.err(where, f"must be a number from 0 (a relative distance), not {value!r}")
+                continue
+        elif key in TOLERANCE_SWITCHES:
+            if not isinstance(value, bool):
+                v.err(where, f"must be true or false, not {value!r}")
+                continue
+        elif not isinstance(value, (int, float, str)):  # a custom check's own setting (docs/extending.md)
+            v.err(where, f"must be a number, true/false or text, not {value!r}")
+            continue
+        out[key] = value
+    return out
 
 
 def _reader_layout(v: _Validator, path: str, d: dict, *, is_source: bool) -> str:

@@ -54,8 +54,9 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, Unavailable):
         return one_line(exc)
     if isinstance(exc, ApplicationError):
+        # Each field's problem once: not again when the message already names it.
         fields = "; ".join(f"{field}: {msg}" for field, msgs in exc.fields.items() for msg in msgs
-                           if msg != exc.message)
+                           if msg != exc.message and f"{field}: {msg}" not in exc.message)
         return one_line(exc.message + (f" ({fields})" if fields else ""))
     if isinstance(exc, ImproperlyConfigured):
         return one_line(f"configuration: {exc}")

@@ -37,3 +37,6 @@ def _read(path: str) -> str:
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise CatalogError(f"cannot read the catalog file {path}: {exc.strerror}", field="path") from None
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"cannot read the catalog file {path}: it is not UTF-8 text (byte {exc.start})",
+                           field="path") from None
