@@ -80,3 +80,19 @@ def test_without_the_module_the_check_does_not_run(personas, task_queue, warehou
 
 def test_the_built_in_checks_run_in_their_documented_order():
     assert [c.name for c in checks.registered_checks()] == BUILT_IN + ["measure_vs_source", "catalog_assertions"]
+
+
+def test_a_check_that_cannot_use_its_setting_fails_the_run_naming_the_error(row_ceiling_check, personas,
+                                                                            task_queue, warehouse):
+    """The exploratory test: a check that raised (a tolerance of the wrong kind) sent the
+    run back to `staged`, and the sweeper tried again, for ever, with a traceback on the
+    run's page. Running it again gives the same answer: it is a failed blocking check."""
+    catalog_sync(text=catalog(max_rows=2).replace("{max_rows: 2}", "{max_rows: lots}"))
+    request = approved_request(personas, "pages")
+    task_queue.drain()
+    run = Run.objects.get(request=request)
+    assert run.status == RunStatus.VERIFICATION_FAILED, run.status
+    assert "row_count_ceiling: the check could not run: TypeError" in run.error
+    ceiling = CheckResult.objects.get(run=run, name="row_count_ceiling")
+    assert (ceiling.passed, ceiling.blocking) == (False, True)
+    assert not Publication.objects.exists()
