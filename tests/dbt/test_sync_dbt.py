@@ -198,3 +198,53 @@ def test_an_unknown_draft_backfill_user_is_refused_before_anything_is_synced(per
                      "--draft-backfill", "nosuch")
     assert str(exc.value) == "--draft-backfill: 'nosuch' is not a user"
     assert not Dataset.objects.exists() and not AuditEvent.objects.filter(action__startswith="catalog.").exists()
+
+
+def test_the_same_project_synced_from_another_directory_keeps_its_code_versions(personas, dbt_shop, tmp_path):
+    """The exploratory test: the code version hashed where the project sat on disk, so a
+    checkout per release made every dbt job a new version (every published partition
+    stale, and --draft-backfill would file rebuilds of all of them)."""
+    import shutil
+
+    sync_dbt(dbt_shop)
+    before = dict(Job.objects.filter(kind="dbt").values_list("name", "current_code_version__hash"))
+    moved = tmp_path / "release-2" / "dbt_shop"
+    shutil.copytree(dbt_shop, moved)
+    lines = sync_dbt(moved)
+    assert not [line for line in lines if "code version" in line], lines
+    after = dict(Job.objects.filter(kind="dbt").values_list("name", "current_code_version__hash"))
+    assert after == before and len(after) > 1
+    # ... and its runs compile from where the project is now.
+    for version in CodeVersion.objects.filter(job__kind="dbt", pk__in=Job.objects.values("current_code_version")):
+        assert version.definition["dbt"]["project_dir"] == str(moved.resolve())
+    # A change to a model is still a new version.
+    model = next((moved / "models").rglob("*.sql"))
+    model.write_text(model.read_text() + "\n-- changed\n")
+    assert [line for line in sync_dbt(moved) if "code version" in line]
+
+
+def test_dbt_never_gets_the_warehouse_password_in_a_file_and_its_scratch_directory_goes_with_the_process(
+        dbt_shop, tmp_path):
+    """The exploratory test: every sync_dbt left /tmp/bf-dbt-*/…/profiles.yml behind,
+    holding the warehouse password in plain text."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    script = ("import django; django.setup()\n"
+              "from pathlib import Path\n"
+              "from backfill_portal.catalog import dbt_project\n"
+              f"dbt_project.parse_project({str(dbt_shop)!r})\n"
+              "files = [p for p in Path(%r).rglob('*') if p.is_file()]\n"
+              "assert any(p.name == 'profiles.yml' for p in files), files\n"
+              "assert not any(b'S3cretPw' in p.read_bytes() for p in files), 'the password is in a file'\n"
+              "print('parsed')\n") % str(scratch)
+    env = {**os.environ, "TMPDIR": str(scratch), "DJANGO_SETTINGS_MODULE": "backfill_portal.settings",
+           "WAREHOUSE_URL": "postgresql://etl:S3cretPw@127.0.0.1:1/dw"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and "parsed" in done.stdout, done.stderr[-2000:]
+    assert not list(scratch.glob("bf-dbt-*")), list(scratch.rglob("*"))[:5]  # removed at exit

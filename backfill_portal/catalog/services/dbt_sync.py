@@ -611,8 +611,16 @@ def dbt_sync(*, path: str | Path, actor=None, reason: str = "") -> DbtSyncReport
             wanted = {datasets[u].pk for u in j["reads"]}
             if set(job.upstreams.values_list("pk", flat=True)) != wanted:
                 job.upstreams.set(wanted)
-            digest = definition_hash(j["definition"])
-            if job.current_code_version is None or job.current_code_version.hash != digest:
+            digest = code_digest(j["definition"])
+            current = job.current_code_version
+            if current is not None and code_digest(current.definition) == digest:
+                # The same code, perhaps found in another directory (a checkout per release,
+                # a CI workspace): where it lives is not the code. The version keeps its
+                # hash and learns the new place, which its runs compile from.
+                if current.definition != j["definition"]:
+                    CodeVersion.objects.filter(pk=current.pk).update(definition=j["definition"])
+                    current.definition = j["definition"]
+            else:
                 version, made = CodeVersion.objects.get_or_create(job=job, hash=digest,
                                                                   defaults={"definition": j["definition"]})
                 previous = job.current_code_version.short_hash if job.current_code_version else None
@@ -631,6 +639,14 @@ def dbt_sync(*, path: str | Path, actor=None, reason: str = "") -> DbtSyncReport
                                               "changed": report.changed, "unchanged": len(report.unchanged),
                                               "refused": [model for model, _ in report.refused]})
     return report
+
+
+def code_digest(definition: dict) -> str:
+    """A dbt job's code version: its definition without where the project sits on disk
+    (`dbt.project_dir`), so the same model synced from another directory is the same
+    version, not a new one that marks every published partition stale."""
+    dbt = {k: v for k, v in (definition.get("dbt") or {}).items() if k != "project_dir"}
+    return definition_hash({**definition, "dbt": dbt})
 
 
 def code_checksum(definition: dict) -> str:
