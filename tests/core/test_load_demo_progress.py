@@ -49,8 +49,14 @@ def test_bad_arguments_are_one_line_before_anything_is_written(db, warehouse):
     from backfill_portal.catalog.models import Dataset
 
     for args, message in ((("--first", "2022-12-01", "--last", "2022-01-01"), "--last 2022-01-01 is before --first"),
-                          (("--first", "9999-12-31", "--last", "9999-12-31"), "the demo needs the day after it"),
-                          (("--orders-per-day", "-5"), "--orders-per-day must be at least 1, not -5"),
+                          (("--first", "9999-12-31", "--last", "9999-12-31"), "the demo's days are from 1900 to 9998"),
+                          (("--first", "0001-01-01", "--last", "0001-01-02"), "the demo's days are from 1900 to 9998"),
+                          (("--orders-per-day", "-5"), "--orders-per-day must be from 1 to 200,000, not -5"),
+                          # 22 GB before the kernel killed it (the exploratory test):
+                          (("--orders-per-day", "99999999999999999999"), "--orders-per-day must be from 1 to 200,000"),
+                          (("--page-views-per-hour", "20001"), "--page-views-per-hour must be from 1 to 20,000"),
+                          (("--first", "2012-01-01", "--last", "2021-12-31", "--orders-per-day", "200000"),
+                           "the demo makes at most 50,000,000"),
                           (("--first", "nope"), "--first/--last: Invalid isoformat string")):
         with pytest.raises(CommandError) as exc:
             call_command("load_demo", *args, stdout=StringIO())

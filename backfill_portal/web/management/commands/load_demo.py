@@ -13,6 +13,13 @@ from backfill_portal.backends import get_warehouse
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.catalog.services.sync import CatalogError, catalog_sync_file
 from backfill_portal.catalog.specs import spec_for
+
+# A day's source rows are made in memory before they are written: these bound one day
+# (about 100 MB) and the whole load. `--orders-per-day 99999999999999999999` used 22 GB
+# before the kernel killed it.
+MAX_ORDERS_PER_DAY = 200_000
+MAX_PAGE_VIEWS_PER_HOUR = 20_000
+MAX_DEMO_ROWS = 50_000_000
 from backfill_portal.core.management.base import PortalCommand
 from backfill_portal.core.roles import Role
 
@@ -93,13 +100,19 @@ class Command(PortalCommand):
             raise CommandError(f"--first/--last: {exc}") from None
         if days["last"] < days["first"]:
             raise CommandError(f"--last {last} is before --first {first}")
-        if days["last"] >= date.max:
-            raise CommandError(f"--last {last}: the demo needs the day after it")
+        if days["first"].year < 1900 or days["last"].year > 9998:
+            raise CommandError(f"--first/--last: the demo's days are from 1900 to 9998, not {first}..{last}")
         if (days["last"] - days["first"]).days > 3660:
             raise CommandError("--first/--last: at most ten years of demo data")
-        for name, value in (("--orders-per-day", orders_per_day), ("--page-views-per-hour", page_views_per_hour)):
-            if value is not None and value < 1:
-                raise CommandError(f"{name} must be at least 1, not {value}")
+        for name, value, most in (("--orders-per-day", orders_per_day, MAX_ORDERS_PER_DAY),
+                                  ("--page-views-per-hour", page_views_per_hour, MAX_PAGE_VIEWS_PER_HOUR)):
+            if value is not None and not 1 <= value <= most:
+                raise CommandError(f"{name} must be from 1 to {most:,}, not {value}")
+        rows = ((days["last"] - days["first"]).days + 1) * ((orders_per_day or 8000) * 3
+                                                            + 24 * (page_views_per_hour or 400))
+        if rows > MAX_DEMO_ROWS:
+            raise CommandError(f"--first/--last with these rates make about {rows:,} source rows; the demo makes at "
+                               f"most {MAX_DEMO_ROWS:,} (fewer days, or lower rates)")
         warehouse = get_warehouse()  # reach both databases before writing to either
         # Well-known passwords on a production deployment would be open doors.
         with_passwords = settings.DEBUG or demo_passwords or settings.DEMO_PASSWORDS
