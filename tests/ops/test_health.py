@@ -60,3 +60,13 @@ def test_another_method_on_the_probes_is_a_405_not_the_csrf_page(db):
         response = client.post(path)
         assert response.status_code == 405, path
         assert "GET" in response["Allow"]
+
+
+def test_head_answers_on_the_probes_as_get_does(db):
+    """The exploratory test: HAProxy's `httpchk HEAD` and uptime services probe with HEAD,
+    which was a 405: the service would have been marked down."""
+    client = Client()
+    for path in ("/healthz", "/readyz", "/metrics"):
+        get, head = client.get(path), client.head(path)
+        assert head.status_code == get.status_code, path
+        assert head.status_code in (200, 503), path

@@ -82,7 +82,11 @@ def test_metrics_answer_direct_loopback_callers_only_when_no_token_is_set(db, se
     assert elsewhere.status_code == 403 and "METRICS_TOKEN" in elsewhere.json()["detail"]
     # A proxy on the same host relays outside callers from 127.0.0.1: still refused.
     for header in ({"X-Forwarded-For": "203.0.113.9"}, {"X-Real-IP": "203.0.113.9"},
-                   {"Forwarded": "for=203.0.113.9;proto=https"}):  # RFC 7239's header too
+                   {"Forwarded": "for=203.0.113.9;proto=https"},  # RFC 7239's header too
+                   # and the CDNs' and load balancers' own (the exploratory test got 200s):
+                   {"True-Client-IP": "203.0.113.9"}, {"CF-Connecting-IP": "203.0.113.9"},
+                   {"X-Client-IP": "203.0.113.9"}, {"X-Cluster-Client-IP": "203.0.113.9"},
+                   {"Fastly-Client-IP": "203.0.113.9"}, {"X-Original-Forwarded-For": "203.0.113.9"}):
         assert Client().get("/metrics", headers=header).status_code == 403, header
 
 
