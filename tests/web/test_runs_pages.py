@@ -237,3 +237,26 @@ def test_the_attention_panels_show_the_newest_and_link_to_all_of_them(web, queue
     assert 'href="?run_type=backfill&amp;state=failing">All failing runs' in failing
     everything = client.get(RUNS + "?run_type=backfill&state=failing").content.decode()
     assert runs[0].run_id in everything and 'id="runs-failing"' not in everything
+
+
+@pipeline_db
+def test_a_logged_error_shows_as_its_one_line_never_as_a_traceback(personas, ready, web):
+    """The exploratory test: a failing check's log line showed Celery's whole traceback on
+    the run's page."""
+    import logging
+
+    from backfill_portal.core.logging import log_context
+    from tests.execution.test_pipeline import approved_request
+
+    approved_request(personas, start="2022-10-01", end="2022-10-01")
+    ready.drain()
+    run = Run.objects.first()
+    with log_context(run_id=run.run_id, request_id=run.request_id):
+        try:
+            raise ValueError("could not convert string to float: 'abc'")
+        except ValueError:
+            logging.getLogger("backfill_portal.execution").exception("verification could not run")
+    html = web("oscar").get(reverse("run-detail", args=[run.run_id])).content.decode()
+    log = section(html, "log-h")
+    assert "verification could not run" in log and "ValueError: could not convert string to float" in log
+    assert "Traceback" not in html and "File &quot;" not in html

@@ -81,6 +81,11 @@ def run_detail(request, run_id: str):
     checks = list(CheckResult.objects.filter(run=run).order_by("id"))
     sql, sql_note = run_rendered_sql(run)
     log_lines, log_total = run_log_lines(settings.RUN_LOG_DIR, run.run_id)
+    for line in log_lines:
+        # The error a line carries, as its last line says it ("ValueError: ..."): the
+        # traceback stays in the worker's log for whoever operates it, not on a page.
+        exc = [text for text in str(line.get("exc") or "").splitlines() if text.strip()]
+        line["error"] = exc[-1].strip() if exc else ""
     return render_page(request, "execution/run_detail.html", {
         "run": run,
         "attempts": attempts,
