@@ -587,7 +587,7 @@ OPENLINEAGE_URL = env_str("OPENLINEAGE_URL", "").strip()
 OPENLINEAGE_FILE = env_str("OPENLINEAGE_FILE", "").strip()
 OPENLINEAGE_ENDPOINT = env_str("OPENLINEAGE_ENDPOINT", "api/v1/lineage").strip().lstrip("/")
 OPENLINEAGE_API_KEY = env_str("OPENLINEAGE_API_KEY", "")
-OPENLINEAGE_TIMEOUT_SECONDS = env_float("OPENLINEAGE_TIMEOUT_SECONDS", 5.0)
+OPENLINEAGE_TIMEOUT_SECONDS = env_float("OPENLINEAGE_TIMEOUT_SECONDS", 5.0, minimum=0.001)
 # The jobs' namespace; datasets are named after the warehouse (postgres://host:port and
 # database.schema.table, as OpenLineage's naming spec says) unless told otherwise.
 OPENLINEAGE_NAMESPACE = env_str("OPENLINEAGE_NAMESPACE", "backfill-portal").strip()
@@ -600,8 +600,6 @@ if OPENLINEAGE_URL and not urlsplit(OPENLINEAGE_URL).hostname:
     raise ImproperlyConfigured(f"OPENLINEAGE_URL={OPENLINEAGE_URL!r} names no host")
 if not OPENLINEAGE_NAMESPACE:
     raise ImproperlyConfigured("OPENLINEAGE_NAMESPACE must not be empty")
-if OPENLINEAGE_TIMEOUT_SECONDS <= 0:
-    raise ImproperlyConfigured("OPENLINEAGE_TIMEOUT_SECONDS must be more than zero")
 
 # --- Product limits
 # Versions older than this are purged (never the current or previous verified one of a

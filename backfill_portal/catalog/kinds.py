@@ -51,6 +51,11 @@ class JobKindBase:
         configuration fields, required ones included). Runs at catalog load."""
         return ()
 
+    def unavailable(self) -> str:
+        """Why jobs of this kind cannot run with the configured warehouse ("" when they
+        can): a request for one is refused when it is filed, not when its runs fail."""
+        return ""
+
     def __repr__(self) -> str:
         return f"<job kind {self.name}>"
 
@@ -78,6 +83,15 @@ def unregister_kind(name: str) -> None:
 def kind_get(name: str) -> JobKindBase:
     """The registered kind; `NotRegistered` (a LookupError naming the known kinds) if none."""
     return registry.get(name)
+
+
+def kind_unavailable(name: str) -> str:
+    """Why jobs of kind `name` cannot run here ("" when they can): its `unavailable`, or
+    that no such kind is registered in this process (a plugin no longer installed)."""
+    try:
+        return kind_get(name).unavailable()
+    except LookupError as exc:
+        return str(exc)
 
 
 def kind_names() -> list[str]:
@@ -190,6 +204,11 @@ class DbtKind(JobKindBase):
     name = "dbt"
     label = "dbt model"
     required = {"dbt": "{kind} job {job} has no dbt model (sync it with manage.py sync_dbt)"}
+
+    def unavailable(self) -> str:
+        from backfill_portal.catalog import dbt_project
+
+        return "" if dbt_project.warehouse_has_dbt_adapter() else dbt_project.NO_ADAPTER
 
     def validate(self, config, *, job, reads) -> Iterator[tuple[str, str]]:
         model = config["dbt"]

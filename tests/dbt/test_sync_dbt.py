@@ -147,26 +147,23 @@ def test_a_manifest_json_syncs_like_its_project(personas, dbt_shop):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_on_the_sqlite_warehouse_a_dbt_run_fails_with_a_clear_message(personas, dbt_shop, task_queue, warehouse,
-                                                                       settings):
+def test_on_the_sqlite_warehouse_a_dbt_request_is_refused_when_filed_with_a_clear_message(
+        personas, dbt_shop, task_queue, warehouse, settings):
+    """It used to be filed and approved, and its runs failed (the exploratory test)."""
     if warehouse.dialect == "postgresql":
         pytest.skip("the SQLite warehouse's message (the PostgreSQL pass runs the models)")
-    from backfill_portal.execution.choices import RunStatus
-    from backfill_portal.execution.models import Run
-    from tests.extending.helpers import approved_request
+    from backfill_portal.backfills.models import BackfillRequest
+    from backfill_portal.backfills.services.requests import backfill_request_create
+    from backfill_portal.core.errors import ValidationError
 
     lines = sync_dbt(dbt_shop)
     assert "note: dbt models run only on a PostgreSQL warehouse (dbt-postgres): no dbt adapter " \
                         "works on the embedded SQLite warehouse; set WAREHOUSE_URL=postgresql://..." in lines
-    warehouse.query("CREATE TABLE raw_orders (order_id integer, customer_id integer, ordered_at timestamp, "
-                    "status text, amount numeric)")
-    request = approved_request(personas, "orders")
-    task_queue.drain()
-    request.refresh_from_db()
-    run = Run.objects.filter(request=request).first()
-    assert run is not None, (request.status, list(request.approval_steps.values_list("status", "approver__username")))
-    assert run.status == RunStatus.FAILED
-    assert "no dbt adapter works on the embedded SQLite warehouse" in run.error
+    with pytest.raises(ValidationError) as exc:
+        backfill_request_create(actor=personas["alice"], job="orders", start="2022-10-01", end="2022-10-02",
+                                reason="late orders")
+    assert "no dbt adapter works on the embedded SQLite warehouse" in exc.value.fields["job"][0]
+    assert not BackfillRequest.objects.exists()
 
 
 def test_the_stale_page_of_a_fresh_dbt_job_lists_nothing_and_drafts_nothing(personas, dbt_shop):

@@ -143,6 +143,9 @@ def test_the_validator_refuses_what_the_spec_refuses(personas, ready, receiver, 
     ({"OPENLINEAGE_URL": "ftp://lineage.example"}, "must be an http:// or https:// URL"),
     ({"OPENLINEAGE_URL": "http://127.0.0.1:5000", "OPENLINEAGE_FILE": "/tmp/x.jsonl"}, "not both"),
     ({"OPENLINEAGE_TIMEOUT_SECONDS": "soon"}, "is not a number"),
+    # One message for every value under the floor (-1 said "zero or more", then 0 was refused):
+    ({"OPENLINEAGE_TIMEOUT_SECONDS": "-1"}, "must be at least 0.001"),
+    ({"OPENLINEAGE_TIMEOUT_SECONDS": "0"}, "must be at least 0.001"),
 ])
 def test_bad_lineage_settings_are_refused_in_one_line(env, message):
     import os

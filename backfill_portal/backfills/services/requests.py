@@ -34,6 +34,7 @@ from backfill_portal.backfills.transitions import (
     request_transition,
     step_transition,
 )
+from backfill_portal.catalog.kinds import kind_unavailable
 from backfill_portal.catalog.lineage import LineageGraph, covered_partitions
 from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.core.errors import ConflictError, ValidationError
@@ -99,6 +100,8 @@ def backfill_request_create(
             if source else f"job {job!r} does not exist")
     elif job_obj.dataset.is_source:
         errors.setdefault("job", []).append(f"{job} reads a source; sources are not backfilled")
+    elif why := kind_unavailable(job_obj.kind):
+        errors.setdefault("job", []).append(f"{job} is a {job_obj.kind} job: {why}")
     reason = (reason or "").strip()
     if not reason:
         errors.setdefault("reason", []).append("say why this backfill is needed; auditors will read it")
