@@ -133,8 +133,10 @@ def test_the_upgrade_converts_a_view_layout_keeping_every_version_and_the_histor
 
 
 def test_the_upgrade_names_an_unknown_dataset_in_one_line(catalog, old_url):
-    with pytest.raises(CommandError, match="no produced dataset named nope in the catalog"):
+    with pytest.raises(CommandError, match="no produced dataset named 'nope' in the catalog"):
         call_command("upgrade_warehouse_layout", "--dataset", "nope")
+    with pytest.raises(CommandError, match="--dataset needs a dataset's name"):
+        call_command("upgrade_warehouse_layout", "--dataset", "")
 
 
 def build_wide_current_layout(url: str, spec: DatasetSpec) -> None:

@@ -67,13 +67,16 @@ def test_load_demo_with_a_missing_postgresql_warehouse_database_prints_one_line(
 
 def test_a_command_before_migrate_says_to_migrate(tmp_path):
     one_clear_line(manage(tmp_path, "verify_audit"), "metadata database", "is not set up", "manage.py migrate")
+    # ... and leaves no empty database file behind (the exploratory test found one).
+    assert not (tmp_path / "portal.sqlite3").exists()
 
 
 def test_a_metadata_database_that_cannot_be_opened_is_one_line_for_django_commands_too(tmp_path):
     url = f"sqlite:///{tmp_path}/no/such/dir/portal.sqlite3"
     one_clear_line(manage(tmp_path, "migrate", DATABASE_URL=url), "error: cannot use the metadata database",
                    "unable to open database file")
-    one_clear_line(manage(tmp_path, "verify_audit", DATABASE_URL=url), "CommandError: cannot use the metadata")
+    one_clear_line(manage(tmp_path, "verify_audit", DATABASE_URL=url), "CommandError: the metadata database",
+                   "is not set up: there is no such file")
 
 
 @pytest.mark.skipif(not PG, reason="needs the PostgreSQL server of CI's second pass (DATABASE_URL=postgres://...)")
@@ -102,8 +105,8 @@ def test_traceback_is_still_there_when_asked_for(tmp_path):
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
-def test_run_portal_whose_web_server_cannot_start_stops_the_rest_and_exits_non_zero(tmp_path):
-    result = manage(tmp_path, "run_portal", "--addr", "not-a-port", timeout=90)
+def test_run_portal_whose_web_server_cannot_start_stops_the_rest_and_exits_non_zero(var_dir):
+    result = manage(var_dir, "run_portal", "--addr", "not-a-port", timeout=90)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr + result.stdout
     assert result.stderr.strip().splitlines()[-1] == "CommandError: the web process exited with 1; stopped the others"

@@ -93,10 +93,29 @@ def actor_and_reason(actor: str, reason: str, *, does: str, changes: str):
     return user, reason.strip()
 
 
+def missing_sqlite_file() -> str | None:
+    """The metadata database's file when it is SQLite and the file does not exist: the
+    driver would create it, empty, as a side effect of a command that only reads."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    name = str(database.get("NAME") or "")
+    if database.get("ENGINE", "").endswith("sqlite3") and name and name != ":memory:" \
+            and not name.startswith("file:") and not Path(name).exists():
+        return name
+    return None
+
+
 class PortalCommand(BaseCommand):
     """Base of every project command (see the module docstring)."""
 
     def execute(self, *args, **options):
+        missing = missing_sqlite_file()
+        if missing:
+            raise CommandError(f"the metadata database {missing} is not set up: there is no such file (run "
+                               "`manage.py migrate`, or `make run`, first; or set DATABASE_URL)")
         try:
             return super().execute(*args, **options)
         except CommandError as exc:

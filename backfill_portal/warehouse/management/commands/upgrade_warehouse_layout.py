@@ -38,9 +38,11 @@ class Command(PortalCommand):
         datasets = Dataset.objects.filter(is_source=False).order_by("name")
         if options["dataset"]:
             wanted = set(options["dataset"])
+            if not all(name.strip() for name in wanted):
+                raise CommandError("--dataset needs a dataset's name")
             unknown = sorted(wanted - set(datasets.filter(name__in=wanted).values_list("name", flat=True)))
             if unknown:
-                raise CommandError(f"no produced dataset named {', '.join(unknown)} in the catalog")
+                raise CommandError(f"no produced dataset named {', '.join(map(repr, unknown))} in the catalog")
             datasets = datasets.filter(name__in=wanted)
         warehouse = get_warehouse()
         converted = 0
