@@ -116,6 +116,13 @@ def test_bad_projects_are_refused_naming_the_model_and_the_field_and_nothing_is_
     assert "model daily_sales: meta.owner: owner 'zed' is not a user of the portal" in failure(dbt_shop)
     schema.write_text(good.replace("unique_key: sales_date", "unique_key: sale_day"))
     assert "model daily_sales: unique_key: 'sale_day' is not a column of the model" in failure(dbt_shop)
+    # meta.portal's tolerances and limits as the YAML catalog's (int('abc') was a ValueError):
+    daily = good.split("name: daily_sales", 1)
+    schema.write_text(daily[0] + "name: daily_sales" + daily[1].replace(
+        "portal: {team: shop, core_measure: amount}",
+        "portal: {team: shop, core_measure: amount, tolerances: {row_band: abc}, max_attempts: lots}", 1))
+    message = failure(dbt_shop)
+    assert "model daily_sales: meta.portal.tolerances.row_band: must be a number" in message, message
     schema.write_text(good)
     model = dbt_shop / "models" / "daily_sales.sql"
     sql = model.read_text()

@@ -31,7 +31,15 @@ from django.db import transaction
 from backfill_portal.catalog import dbt_project
 from backfill_portal.catalog.choices import Grain
 from backfill_portal.catalog.models import CodeVersion, Dataset, Job, Pool, Team
-from backfill_portal.catalog.services.sync import IDENTIFIER, TEAM_NAME, CatalogError, SyncReport, definition_hash
+from backfill_portal.catalog.services.sync import (
+    IDENTIFIER,
+    TEAM_NAME,
+    CatalogError,
+    SyncReport,
+    definition_hash,
+    tolerance_problems,
+    whole_problem,
+)
 from backfill_portal.catalog.sqlcheck import TemplateError, check_template
 from backfill_portal.core.services.audit import audit_record
 
@@ -213,6 +221,24 @@ def _grain(value, problems: _Problems, where: str, fld: str) -> str:
         problems.add(where, fld, f"{grain!r}: the portal's grains are {', '.join(GRAINS)}")
         return Grain.DAY
     return GRAINS[grain]
+
+
+def _tolerances(portal: dict, problems: _Problems, where: str) -> dict:
+    tolerances, found = tolerance_problems(portal.get("tolerances"))
+    for key, problem in found:
+        problems.add(where, "meta.portal.tolerances" + (f".{key}" if key else ""), problem)
+    return tolerances
+
+
+def _limits(portal: dict, problems: _Problems, where: str) -> dict:
+    """A job's limits from meta.portal (int() of `abc` was a ValueError, of `yes` 1 attempt)."""
+    limits = {}
+    for name, default in (("max_concurrent_runs", 4), ("max_attempts", 3), ("heartbeat_timeout_seconds", 60)):
+        value = portal.get(name, default)
+        if problem := whole_problem(value):
+            problems.add(where, f"meta.portal.{name}", problem)
+        limits[name] = value
+    return limits
 
 
 def _timezone(portal: dict, problems: _Problems, where: str) -> str:
@@ -399,7 +425,7 @@ def dbt_plan(project: _Project, *, users: dict) -> dict:
             "business_key": _business_key(node.config.unique_key, portal, _unique_tested(manifest, uid), names,
                                           problems, where, "unique_key"),
             "core_measure": _measure(portal, names, problems, where), "columns": columns, "is_source": False,
-            "time_column": time_column, "tolerances": dict(portal.get("tolerances") or {}),
+            "time_column": time_column, "tolerances": _tolerances(portal, problems, where),
             "source_measure_sql": "", "checks": [],
         }
         reads = sorted(set(upstreams.values()))
@@ -416,9 +442,7 @@ def dbt_plan(project: _Project, *, users: dict) -> dict:
             "description": node.description or "", "produces": name, "reads": reads, "kind": KIND, "pool": pool,
             "depends_on_past": depends_on_past, "has_side_effects": False,
             "scheduled": bool(portal.get("scheduled", False)), "definition": definition,
-            "max_concurrent_runs": int(portal.get("max_concurrent_runs", 4)),
-            "max_attempts": int(portal.get("max_attempts", 3)),
-            "heartbeat_timeout_seconds": int(portal.get("heartbeat_timeout_seconds", 60)),
+            **_limits(portal, problems, where),
         }
     problems.raise_if_any()
     _compile_and_check(project, dataset_of, datasets, jobs, problems)

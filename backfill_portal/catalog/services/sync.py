@@ -315,31 +315,43 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SETTING
 
 
-def _tolerances(v: _Validator, path: str, d: dict) -> dict:
-    """`tolerances`: row_band and measure_rel are numbers from 0 (relative distances),
-    row_band_blocking is true or false; other keys are custom checks' settings (a
-    number, true/false or text). A wrong one was stored as it was and failed every
-    verification of the dataset's runs, which then waited in `staged` for ever."""
-    raw = d.get("tolerances") or {}
+def tolerance_problems(raw) -> tuple[dict, list[tuple[str, str]]]:
+    """A dataset's `tolerances` (the YAML catalog's, a dbt model's meta.portal), checked:
+    row_band and measure_rel are numbers from 0 (relative distances), row_band_blocking
+    is true or false; other keys are custom checks' settings (a number, true/false or
+    text). (The valid ones, [(key or "", problem)].) A wrong one was stored as it was and
+    failed every verification of the dataset's runs, which then waited in `staged`."""
+    if raw is None:
+        return {}, []
     if not isinstance(raw, dict):
-        v.err(f"{path}.tolerances", "must be a mapping (row_band, measure_rel, row_band_blocking)")
-        return {}
-    out = {}
+        return {}, [("", "must be a mapping (row_band, measure_rel, row_band_blocking)")]
+    out, problems = {}, []
     for key, value in raw.items():
-        where = f"{path}.tolerances.{key}"
         if key in TOLERANCE_NUMBERS:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-                v.err(where, f"must be a number from 0 (a relative distance), not {value!r}")
+                problems.append((key, f"must be a number from 0 (a relative distance), not {value!r}"))
                 continue
         elif key in TOLERANCE_SWITCHES:
             if not isinstance(value, bool):
-                v.err(where, f"must be true or false, not {value!r}")
+                problems.append((key, f"must be true or false, not {value!r}"))
                 continue
         elif not isinstance(value, (int, float, str)):  # a custom check's own setting (docs/extending.md)
-            v.err(where, f"must be a number, true/false or text, not {value!r}")
+            problems.append((key, f"must be a number, true/false or text, not {value!r}"))
             continue
         out[key] = value
-    return out
+    return out, problems
+
+
+def _tolerances(v: _Validator, path: str, d: dict) -> dict:
+    tolerances, problems = tolerance_problems(d.get("tolerances"))
+    for key, problem in problems:
+        v.err(f"{path}.tolerances" + (f".{key}" if key else ""), problem)
+    return tolerances
+
+
+def whole_problem(value) -> str:
+    """"" when `value` is a limit from 1 to MAX_SETTING, else what is wrong."""
+    return "" if _whole(value) else f"must be a whole number from 1 to {MAX_SETTING}, not {value!r}"
 
 
 def _reader_layout(v: _Validator, path: str, d: dict, *, is_source: bool) -> str:
