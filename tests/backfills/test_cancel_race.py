@@ -1,4 +1,4 @@
-"""Cancelling while a worker publishes, on PostgreSQL. The exploratory test: on-call's
+"""Cancelling (pausing, resuming) while a worker publishes, on PostgreSQL. The exploratory test: on-call's
 cancel of a running request was a 500 "deadlock detected" (and did not happen) when it
 met a publication: the cancel locked the request's row and then waited for the audit
 chain's lock, which the publication held while it waited to move the request's rows.
@@ -14,6 +14,7 @@ from django.db import connection, connections, transaction
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.models import BackfillRequest
+from backfill_portal.backfills.services.lifecycle import request_pause, request_resume
 from backfill_portal.backfills.services.requests import (
     backfill_request_cancel,
     backfill_request_create,
@@ -37,17 +38,24 @@ def waiting_backends() -> int:
         return cursor.fetchone()[0]
 
 
-def test_a_cancel_meeting_a_transaction_that_holds_the_audit_chain_and_moves_the_request_does_not_deadlock(
-        personas, catalog):
+@pytest.mark.parametrize("action", ["cancel", "pause", "resume"])
+def test_an_operation_meeting_a_transaction_that_holds_the_audit_chain_and_moves_the_request_does_not_deadlock(
+        personas, catalog, action):
     request, _ = backfill_request_create(actor=personas["alice"], job="dwd_order_items", reason="late events",
                                          start="2022-10-01", end="2022-10-03")
     backfill_request_submit(actor=personas["alice"], request_id=request.pk, confirm_overlap=True)
-    outcome, errors = {}, []
+    if action != "cancel":  # a running request (paused, to be resumed), set up directly: no worker here
+        BackfillRequest.objects.filter(pk=request.pk).update(status=RequestStatus.RUNNING, paused=action == "resume")
+    errors = []
 
-    def cancel():
+    def operate():
         try:
-            outcome["request"] = backfill_request_cancel(actor=personas["oscar"], request_id=request.pk,
-                                                         reason="wrong range")
+            if action == "cancel":
+                backfill_request_cancel(actor=personas["oscar"], request_id=request.pk, reason="wrong range")
+            elif action == "pause":
+                request_pause(actor=personas["oscar"], request_id=request.pk)
+            else:
+                request_resume(actor=personas["oscar"], request_id=request.pk)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
@@ -56,16 +64,20 @@ def test_a_cancel_meeting_a_transaction_that_holds_the_audit_chain_and_moves_the
     # What a publication does: the audit chain's lock, then the request's row.
     with transaction.atomic():
         audit_serialise()
-        canceller = threading.Thread(target=cancel)
+        canceller = threading.Thread(target=operate)
         canceller.start()
         deadline = time.monotonic() + 30
         while waiting_backends() < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert waiting_backends() >= 1, "the cancel should be waiting for the audit chain"
-        time.sleep(0.3)  # were the cancel holding the request's row, the UPDATE below would deadlock
+        assert waiting_backends() >= 1, "the operation should be waiting for the audit chain"
+        time.sleep(0.3)  # were it holding the request's row, the UPDATE below would deadlock
         BackfillRequest.objects.filter(pk=request.pk).update(max_active_intervals=2)
     canceller.join(60)
     assert not errors, errors
     request.refresh_from_db()
-    assert (request.status, request.max_active_intervals) == (RequestStatus.CANCELLED, 2)
-    assert AuditEvent.objects.filter(action="request.cancel", object_id=str(request.pk)).count() == 1
+    assert request.max_active_intervals == 2
+    if action == "cancel":
+        assert request.status == RequestStatus.CANCELLED
+    else:
+        assert (request.status, request.paused) == (RequestStatus.RUNNING, action == "pause")
+    assert AuditEvent.objects.filter(action=f"request.{action}", object_id=str(request.pk)).count() == 1

@@ -21,7 +21,8 @@ from backfill_portal.backfills.services.run_control import run_control
 from backfill_portal.backfills.transitions import request_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.outbox import enqueue
-from backfill_portal.core.services.audit import audit_record
+from backfill_portal.core.retry import run_again_if_deadlocked
+from backfill_portal.core.services.audit import audit_record, audit_serialise
 
 # -- what execution reports -------------------------------------------------------------------
 
@@ -80,18 +81,24 @@ def request_pause(*, actor, request_id) -> BackfillRequest:
     """Nothing new is dispatched; running work finishes."""
     request = request_get(request_id)
     policy.require_operate(actor, request, "request.pause")
-    with transaction.atomic():
-        claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=False).update(paused=True)
-        if claimed != 1:
-            # Read again: the copy above may be older than the pause that beat this one.
-            status, paused = BackfillRequest.objects.values_list("status", "paused").get(pk=request.pk)
-            if status == R.RUNNING and paused:
-                raise ConflictError(f"request #{request.pk} is already paused; resume it to dispatch again",
+
+    def pause() -> None:
+        with transaction.atomic():
+            audit_serialise()  # the audit chain's lock before the request's row, as cancel (core/retry.py)
+            claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=False).update(paused=True)
+            if claimed != 1:
+                # Read again: the copy above may be older than the pause that beat this one.
+                status, paused = BackfillRequest.objects.values_list("status", "paused").get(pk=request.pk)
+                if status == R.RUNNING and paused:
+                    raise ConflictError(f"request #{request.pk} is already paused; resume it to dispatch again",
+                                        field="status")
+                raise ConflictError(f"request #{request.pk} is {status}; only a running request can be paused",
                                     field="status")
-            raise ConflictError(f"request #{request.pk} is {status}; only a running request can be paused",
-                                field="status")
-        audit_record(actor=actor, action="request.pause", object_type="request", object_id=request.pk,
-                     request_id=request.pk, dataset=request.job.dataset.name, from_state="running", to_state="paused")
+            audit_record(actor=actor, action="request.pause", object_type="request", object_id=request.pk,
+                         request_id=request.pk, dataset=request.job.dataset.name, from_state="running",
+                         to_state="paused")
+
+    run_again_if_deadlocked(pause, what=f"pausing request #{request.pk}")
     request.paused = True
     return request
 
@@ -102,13 +109,19 @@ def request_resume(*, actor, request_id) -> BackfillRequest:
     policy.require_operate(actor, request, "request.resume")
     if request.status == R.FAILED:
         return run_control().retry_failed(actor=actor, request_id=request_id)
-    with transaction.atomic():
-        claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=True).update(paused=False)
-        if claimed != 1:
-            raise ConflictError(f"request #{request.pk} is {request.status} and not paused; nothing to resume",
-                                field="status")
-        audit_record(actor=actor, action="request.resume", object_type="request", object_id=request.pk,
-                     request_id=request.pk, dataset=request.job.dataset.name, from_state="paused", to_state="running")
-        enqueue("execution.dispatch_request", request.pk, headers={"request_id": request.pk})
+
+    def resume() -> None:
+        with transaction.atomic():
+            audit_serialise()  # as pause
+            claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=True).update(paused=False)
+            if claimed != 1:
+                raise ConflictError(f"request #{request.pk} is {request.status} and not paused; nothing to resume",
+                                    field="status")
+            audit_record(actor=actor, action="request.resume", object_type="request", object_id=request.pk,
+                         request_id=request.pk, dataset=request.job.dataset.name, from_state="paused",
+                         to_state="running")
+            enqueue("execution.dispatch_request", request.pk, headers={"request_id": request.pk})
+
+    run_again_if_deadlocked(resume, what=f"resuming request #{request.pk}")
     request.paused = False
     return request

@@ -365,10 +365,18 @@ def request_retry_failed(*, actor, request_id) -> BackfillRequest:
     if request.status not in (R.FAILED, R.RUNNING):
         raise ConflictError(f"request #{request.pk} is {request.status}; only a failed or running request "
                             "can retry its failed intervals", field="status")
-    failed = list(Interval.objects.filter(request=request, status=I.FAILED))
-    if not failed:
+    if not Interval.objects.filter(request=request, status=I.FAILED).exists():
         raise ConflictError(f"request #{request.pk} has no failed intervals", field="status")
+    return run_again_if_deadlocked(lambda: _retry_failed(actor, request_get(request_id)),
+                                   what=f"retrying the failed intervals of request #{request.pk}")
+
+
+def _retry_failed(actor, request: BackfillRequest) -> BackfillRequest:
     with transaction.atomic():
+        audit_serialise()  # the audit chain's lock before the request's rows, as cancel (core/retry.py)
+        failed = list(Interval.objects.filter(request=request, status=I.FAILED))
+        if not failed:
+            raise ConflictError(f"request #{request.pk} has no failed intervals", field="status")
         if request.status == R.FAILED:
             request_resume_after_failure(request, actor=actor, failed=len(failed))
         for interval in failed:
