@@ -97,13 +97,15 @@ def step_transition(step: ApprovalStep, *, to: str, actor, comment: str = "") ->
     )
 
 
-def intervals_bulk_transition(request: BackfillRequest, *, frm: str, to: str, actor=None, reason: str = "") -> int:
-    """Move every interval of a request in state `frm` to `to` with one conditional
-    update and one audit row carrying the count (thousands of rows, one decision)."""
+def intervals_bulk_transition(request: BackfillRequest, *, frm: str, to: str, actor=None, reason: str = "",
+                              keep=()) -> int:
+    """Move every interval of a request in state `frm` to `to` (but those whose ids are
+    in `keep`) with one conditional update and one audit row carrying the count
+    (thousands of rows, one decision)."""
     if to not in INTERVAL_EDGES.get(frm, ()):
         raise ConflictError(f"intervals cannot go from {frm} to {to}", field="status")
     with transaction.atomic():
-        count = Interval.objects.filter(request=request, status=frm).update(status=to)
+        count = Interval.objects.filter(request=request, status=frm).exclude(pk__in=list(keep)).update(status=to)
         if count:
             audit_record(actor=actor, action=f"interval.{to}", object_type="request", object_id=request.pk,
                          request_id=request.pk, from_state=frm, to_state=to, reason=reason, data={"intervals": count})

@@ -333,3 +333,25 @@ def test_the_sweeper_and_a_late_stop_hand_off_at_once_stop_each_run_once(persona
     assert 0 in results and max(results) > 0  # one stopped them, the other found nothing left
     assert events(request, "run.cancelled") == 3
     assert set(Run.objects.filter(request=request).values_list("status", flat=True)) == {RunStatus.CANCELLED}
+
+
+def test_a_cancel_leaves_a_verified_run_to_publish_and_its_interval_with_it(personas, ready, warehouse):
+    """The exploratory test (on PostgreSQL, at load): a cancel that landed between a
+    verified run's pointer switch and its metadata record cancelled the run, so the
+    record failed and readers were left on a cancelled run's version with no publication
+    in the portal. A verified run is complete and checked: the cancel leaves it to publish."""
+    request = approved_request(personas, start="2022-10-01", end="2022-10-03")
+    ready.drain(skip=lambda task, args: task == "execution.execute_run")
+    runs = list(Run.objects.filter(request=request).order_by("pk"))
+    # The first run as a publication leaves it: verified, its interval running (set directly:
+    # the real one is a moment inside one task).
+    Run.objects.filter(pk=runs[0].pk).update(status=RunStatus.VERIFIED)
+    Interval.objects.filter(pk=runs[0].interval_id).update(status=IntervalStatus.RUNNING)
+    backfill_request_cancel(actor=personas["oscar"], request_id=request.pk, reason="wrong range")
+    statuses = dict(Run.objects.filter(request=request).values_list("pk", "status"))
+    assert statuses == {runs[0].pk: RunStatus.VERIFIED, runs[1].pk: RunStatus.CANCELLED,
+                        runs[2].pk: RunStatus.CANCELLED}
+    intervals = dict(Interval.objects.filter(request=request).values_list("pk", "status"))
+    assert intervals[runs[0].interval_id] == IntervalStatus.RUNNING
+    assert sorted(v for k, v in intervals.items() if k != runs[0].interval_id) == [IntervalStatus.CANCELLED] * 2
+    assert request_stop_runs(request_id=request.pk) == 0  # and a second stop leaves it too

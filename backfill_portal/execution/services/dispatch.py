@@ -410,7 +410,14 @@ def request_stop_runs(*, request_id: int) -> int:
             audit_serialise()
             request_lock(request_id)
             request = BackfillRequest.objects.select_related("job__dataset").get(pk=request_id)
-            for run in Run.objects.filter(request=request, status__in=RUN_ACTIVE).select_related("job__dataset"):
+            # Not a verified run: its publication may be under way (the pointer switched,
+            # the metadata not yet), and cancelling it then left readers on a cancelled
+            # run's version with no publication recorded. It is complete and checked: it
+            # publishes (here or by the sweeper), and its interval with it.
+            publishing = list(Run.objects.filter(request=request, status=RunStatus.VERIFIED, interval__isnull=False)
+                              .values_list("interval_id", flat=True))
+            for run in Run.objects.filter(request=request, status__in=RUN_ACTIVE - {RunStatus.VERIFIED}) \
+                    .select_related("job__dataset"):
                 run_transition(run, to=RunStatus.CANCELLED, reason="request cancelled",
                                updates={"finished_at": timezone.now()})
                 stopped += 1
@@ -418,7 +425,8 @@ def request_stop_runs(*, request_id: int) -> int:
                     attempt_transition(attempt, to=AttemptStatus.FAILED, reason="request cancelled",
                                        updates={"finished_at": timezone.now(), "error": "cancelled"})
             for frm in (I.QUEUED, I.RUNNING, I.FAILED):
-                stopped += intervals_bulk_transition(request, frm=frm, to=I.CANCELLED, reason="request cancelled")
+                stopped += intervals_bulk_transition(request, frm=frm, to=I.CANCELLED, reason="request cancelled",
+                                                     keep=publishing)
         return stopped
 
     # A run a worker moved between the read and its transition (running -> staged) is a

@@ -19,6 +19,7 @@ from backfill_portal.backfills.choices import IntervalStatus as I
 from backfill_portal.backfills.transitions import interval_transition, intervals_transition
 from backfill_portal.core.errors import ConflictError
 from backfill_portal.core.logging import log_context
+from backfill_portal.core.retry import run_again_if_deadlocked
 from backfill_portal.core.rows import insert_new_rows, insert_row
 from backfill_portal.core.services.audit import audit_batch, audit_record
 from backfill_portal.execution.checks import run_checks
@@ -251,7 +252,15 @@ def _publish(run: Run, *, actor, current=_UNREAD) -> str:
         refused = publish_switch(run, actor=actor, current=current)
         if refused:
             return refused
-        return publish_record(run, actor=actor)
+        # The pointer has switched: the metadata must follow. A deadlock with a person's
+        # request-level operation (cancel, pause) aborts this transaction, not the switch:
+        # run it again, on the run as it is now, rather than leave it to the sweeper.
+        as_loaded = iter([run])
+
+        def record() -> str:
+            return publish_record(next(as_loaded, None) or run_get(run.run_id), actor=actor)
+
+        return run_again_if_deadlocked(record, what=f"recording the publication of {run.run_id}")
 
 
 def publish_switch(run: Run, *, actor, current=_UNREAD) -> str | None:
