@@ -45,6 +45,7 @@ from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.catalog.tolerances import BASELINE_WINDOW, DEFAULT_MEASURE_REL, DEFAULT_ROW_BAND
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
 from backfill_portal.core.models import AuditEvent
+from backfill_portal.core.retry import run_again_if_deadlocked
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import CheckResult, Run
@@ -365,9 +366,12 @@ def _compute_rows(request: BackfillRequest, now) -> list[SimpleNamespace]:
             if mark is not None:
                 found_at, why = mark
                 row.deviations.append(why)
-                # An explanation written before the rollback explained something else.
-                if row.explained_at is None or row.explained_at < found_at:
+                # An explanation written before the rollback explained something else;
+                # one written since explains it (the verdict above saw no deviation yet).
+                if row.explained_at is None or row.explained_at < found_at or not row.explanation:
                     row.verdict = Verdict.UNEXPLAINED
+                else:
+                    row.verdict = Verdict.EXPLAINED
             rows.append(row)
     return rows
 
@@ -469,7 +473,7 @@ def rolled_back_items(request: BackfillRequest) -> list[dict]:
 # -- services ------------------------------------------------------------------------------
 
 
-def reconciliation_compute(*, actor, request_id) -> Reconciliation:
+def reconciliation_compute(*, actor, request_id, only_if_stale: bool = False) -> Reconciliation:
     """Compute (or recompute) the manifest and the rows of a request.
 
     1. Refused before anything ran, and once signed off (the signed numbers stay).
@@ -479,16 +483,22 @@ def reconciliation_compute(*, actor, request_id) -> Reconciliation:
     request = request_get(request_id)
     if request.status in _NOT_YET:
         raise ConflictError(f"request #{request.pk} is {request.status}; nothing ran yet to reconcile", field="status")
-    signed = Reconciliation.objects.filter(request=request, signed_off_at__isnull=False).first()
-    if signed is not None:
-        raise ConflictError(f"request #{request.pk} was signed off; its reconciliation is final", field="status")
-    now = timezone.now()
-    rows = _compute_rows(request, now)
-    manifest = request_manifest(request)
-    counts = {v: sum(1 for r in rows if r.verdict == v) for v in Verdict.values}
-    manifest["verdicts"] = counts
-    manifest["recomputed"] = sum(1 for r in rows if r.recomputed)
     with transaction.atomic():
+        # One at a time per request, and the rows read, computed and replaced under the
+        # lock: two at once inserted the same rows (a 500), and one that had read before
+        # a sign-off overwrote the signed numbers, or an explanation written meanwhile.
+        _serialise(request.pk)
+        existing = Reconciliation.objects.filter(request=request).first()
+        if existing is not None and existing.signed_off_at is not None:
+            raise ConflictError(f"request #{request.pk} was signed off; its reconciliation is final", field="status")
+        if only_if_stale and existing is not None and not _stale(existing, request):
+            return existing  # someone computed it while this one waited
+        now = timezone.now()
+        rows = _compute_rows(request, now)
+        manifest = request_manifest(request)
+        counts = {v: sum(1 for r in rows if r.verdict == v) for v in Verdict.values}
+        manifest["verdicts"] = counts
+        manifest["recomputed"] = sum(1 for r in rows if r.recomputed)
         ReconciliationRow.objects.filter(request=request).delete()
         _insert_rows(rows)
         reconciliation, _ = Reconciliation.objects.update_or_create(
@@ -499,6 +509,19 @@ def reconciliation_compute(*, actor, request_id) -> Reconciliation:
     return reconciliation
 
 
+# The key of the transaction-scoped advisory lock (with the request's id) that makes
+# computing, explaining and signing off one request's reconciliation one at a time.
+_RECONCILIATION_LOCK = 7351002
+
+
+def _serialise(request_id: int) -> None:
+    """Inside a transaction: wait for whoever is computing, explaining or signing off this
+    request's reconciliation. SQLite's IMMEDIATE transactions already serialise writers."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_RECONCILIATION_LOCK, int(request_id)])
+
+
 def reconciliation_get(*, request_id, compute_missing: bool = True) -> Reconciliation:
     """The stored reconciliation; computed (as the system) the first time it is asked for."""
     request = request_get(request_id)
@@ -507,11 +530,14 @@ def reconciliation_get(*, request_id, compute_missing: bool = True) -> Reconcili
     if reconciliation is None:
         if not compute_missing:
             raise NotFound(f"request #{request.pk} has no reconciliation yet")
-        reconciliation = reconciliation_compute(actor=None, request_id=request.pk)
+        reconciliation = reconciliation_compute(actor=None, request_id=request.pk, only_if_stale=True)
     elif reconciliation.signed_off_at is None and _stale(reconciliation, request):
         # Another publication touched these datasets since: the numbers (and the
         # "superseded by another request" exceptions) must show the present.
-        reconciliation = reconciliation_compute(actor=None, request_id=request.pk)
+        try:
+            reconciliation = reconciliation_compute(actor=None, request_id=request.pk, only_if_stale=True)
+        except ConflictError:  # signed off while this read waited: the signed numbers stand
+            reconciliation = Reconciliation.objects.get(request=request)
     return reconciliation
 
 
@@ -562,10 +588,17 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
     if row is None:
         of_job = f" of job {job!r}" if job else ""
         raise NotFound(f"request #{request.pk} has no interval {partition_key!r}{of_job}")
-    before = row.verdict
-    verdict = before if before == Verdict.SKIPPED else _verdict(row.deviations, explanation)
-    now = timezone.now()
     with transaction.atomic():
+        # After a recompute that ran meanwhile (it replaces the rows), this row as it is now.
+        _serialise(request.pk)
+        row = rows.first()
+        if row is None:
+            raise NotFound(f"request #{request.pk} has no interval {partition_key!r}")
+        if Reconciliation.objects.filter(request=request, signed_off_at__isnull=False).exists():
+            raise ConflictError(f"request #{request.pk} was signed off; its reconciliation is final", field="status")
+        before = row.verdict
+        verdict = before if before == Verdict.SKIPPED else _verdict(row.deviations, explanation)
+        now = timezone.now()
         ReconciliationRow.objects.filter(pk=row.pk).update(explanation=explanation, explained_by=actor,
                                                            explained_at=now, verdict=verdict)
         _refresh_verdict_counts(request)
@@ -617,8 +650,16 @@ def intervals_explain(*, actor, request_id, intervals: list[tuple[str, str]], ex
         raise ValidationError(f"nothing to explain in {', '.join(nothing[:10])}: its numbers match"
                               + (f" (and {len(nothing) - 10} more)" if len(nothing) > 10 else ""), field="intervals")
     now = timezone.now()
-    rows = [found[k] for k in wanted]
     with transaction.atomic():
+        _serialise(request.pk)
+        # The rows as they are now: a recompute that ran meanwhile replaced them.
+        found = {(r.job.name, r.partition_key): r for r in ReconciliationRow.objects.filter(
+            request=request, partition_key__in={k for _, k in wanted}).select_related("job", "dataset")}
+        if any(k not in found for k in wanted) or Reconciliation.objects.filter(
+                request=request, signed_off_at__isnull=False).exists():
+            raise ConflictError(f"request #{request.pk}'s reconciliation changed meanwhile; reload and explain again",
+                                field="intervals")
+        rows = [found[k] for k in wanted]
         for row in rows:
             before, verdict = row.verdict, _verdict(row.deviations, explanation)
             ReconciliationRow.objects.filter(pk=row.pk).update(explanation=explanation, explained_by=actor,
@@ -660,23 +701,34 @@ def reconciliation_signoff(*, actor, request_id, comment: str = "") -> BackfillR
     if request.status != R.RECONCILING:
         raise ConflictError(f"request #{request.pk} is {request.status}; only a reconciling request is signed off",
                             field="status")
-    reconciliation = reconciliation_get(request_id=request.pk)
-    unexplained = list(ReconciliationRow.objects.filter(request=request, verdict=Verdict.UNEXPLAINED)
-                       .order_by("job_id", "position").values_list("partition_key", flat=True))
-    if unexplained:
-        shown = ", ".join(unexplained[:20]) + (f" and {len(unexplained) - 20} more" if len(unexplained) > 20 else "")
-        raise ConflictError(f"{len(unexplained)} interval(s) are unexplained: {shown}; explain them before signing off",
-                            fields={"intervals": unexplained})
-    now = timezone.now()
-    with transaction.atomic():
-        claimed = Reconciliation.objects.filter(pk=reconciliation.pk, signed_off_at__isnull=True).update(
-            signed_off_by=actor, signed_off_at=now, signoff_comment=(comment or "").strip())
-        if claimed != 1:
-            raise ConflictError(f"request #{request.pk} was signed off already", field="status")
-        verdicts = (reconciliation.manifest or {}).get("verdicts", {})
-        request_complete(request, actor=actor, reason=(comment or "").strip() or "reconciliation signed off",
-                         data={"verdicts": verdicts, "computed_at": reconciliation.computed_at})
-    return request
+    reconciliation_get(request_id=request.pk)
+
+    def sign() -> BackfillRequest:
+        with transaction.atomic():
+            # The rows checked are the rows signed: no recompute or explanation between.
+            _serialise(request.pk)
+            current = request_get(request.pk)
+            if current.status != R.RECONCILING:
+                raise ConflictError(f"request #{current.pk} is {current.status}; only a reconciling request is "
+                                    "signed off", field="status")
+            reconciliation = Reconciliation.objects.get(request=current)
+            unexplained = list(ReconciliationRow.objects.filter(request=current, verdict=Verdict.UNEXPLAINED)
+                               .order_by("job_id", "position").values_list("partition_key", flat=True))
+            if unexplained:
+                shown = ", ".join(unexplained[:20]) + (f" and {len(unexplained) - 20} more"
+                                                       if len(unexplained) > 20 else "")
+                raise ConflictError(f"{len(unexplained)} interval(s) are unexplained: {shown}; explain them before "
+                                    "signing off", fields={"intervals": unexplained})
+            claimed = Reconciliation.objects.filter(pk=reconciliation.pk, signed_off_at__isnull=True).update(
+                signed_off_by=actor, signed_off_at=timezone.now(), signoff_comment=(comment or "").strip())
+            if claimed != 1:
+                raise ConflictError(f"request #{current.pk} was signed off already", field="status")
+            verdicts = (reconciliation.manifest or {}).get("verdicts", {})
+            request_complete(current, actor=actor, reason=(comment or "").strip() or "reconciliation signed off",
+                             data={"verdicts": verdicts, "computed_at": reconciliation.computed_at})
+            return current
+
+    return run_again_if_deadlocked(sign, what=f"signing off request #{request.pk}")
 
 
 def reconciliation_signoff_withdraw(*, request: BackfillRequest) -> dict | None:

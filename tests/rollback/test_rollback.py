@@ -124,6 +124,14 @@ def test_partition_rollback_restores_one_partition_and_offers_its_rebuild(person
     assert any(d.startswith("rolled back by olivia") and runs_by_day(good)["2022-10-02"].run_id in d
                for d in taken["deviations"])
     assert not any("rolled back" in d for d in rows[("dwd_order_items", "2022-10-01")]["deviations"])
+    # Explained, it stays explained when recomputed (it became "matched": the exploratory test).
+    explained = api("olivia").post(f"/api/requests/{bad.pk}/intervals/2022-10-02/explain/",
+                                   {"explanation": "doubled amounts; rolled back on purpose"}, format="json")
+    assert explained.status_code == 200 and explained.json()["status"] == "explained", explained.json()
+    assert api("olivia").post(f"/api/requests/{bad.pk}/reconciliation/").status_code == 200
+    rows = {(r["dataset"], r["partition_key"]): r
+            for r in api("audrey").get(f"/api/requests/{bad.pk}/reconciliation/").json()["rows"]}
+    assert rows[("dwd_order_items", "2022-10-02")]["status"] == "explained"
     filed = api("olivia").post(body["rebuild"])
     assert filed.status_code == 201
     child = BackfillRequest.objects.get(pk=filed.json()["requests"][0])
