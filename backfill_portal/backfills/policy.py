@@ -35,7 +35,9 @@ from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.roles import Role, deny, has_role, require_role
 
 # A request whose publications may be rolled back (and the state its rollback page needs).
-ROLLBACKABLE_REQUEST_STATES = (R.RECONCILING, R.COMPLETED, R.FAILED)
+# A cancelled one may have published partitions before the cancel: they can be rolled
+# back too, and it stays cancelled (recovery/rollback.py).
+ROLLBACKABLE_REQUEST_STATES = (R.RECONCILING, R.COMPLETED, R.FAILED, R.CANCELLED)
 
 
 @dataclass(frozen=True)

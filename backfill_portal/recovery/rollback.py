@@ -491,11 +491,21 @@ def request_rollback(*, actor, request_id, reason: str) -> dict:
     if request.status == RequestStatus.ROLLED_BACK:
         raise ConflictError(f"request #{request.pk} was already rolled back", field="status")
     if request.status not in ROLLBACKABLE_REQUEST_STATES:
-        raise ConflictError(f"request #{request.pk} is {request.status}; only a reconciling, completed or failed "
-                            "request can be rolled back", field="status")
+        raise ConflictError(f"request #{request.pk} is {request.status}; only a reconciling, completed, failed or "
+                            "cancelled request can be rolled back", field="status")
     moves = _plan_request(request)
-    _apply(moves, actor=actor, reason=reason, then=lambda: request_rolled_back(
-        request, actor=actor, reason=reason, partitions=[m.as_dict() for m in moves]))
+    if request.status == RequestStatus.CANCELLED:
+        # What it published before the cancel goes back; the request stays cancelled (an
+        # exit of its lifecycle), and this audit row says what its rollback moved.
+        if not moves:
+            raise ConflictError(f"request #{request.pk}'s publications were rolled back already", field="status")
+        _apply(moves, actor=actor, reason=reason, then=lambda: audit_record(
+            actor=actor, action="request.rollback", object_type="request", object_id=request.pk,
+            request_id=request.pk, dataset=request.job.dataset.name, from_state=request.status,
+            to_state=request.status, reason=reason, data={"partitions": [m.as_dict() for m in moves]}))
+    else:
+        _apply(moves, actor=actor, reason=reason, then=lambda: request_rolled_back(
+            request, actor=actor, reason=reason, partitions=[m.as_dict() for m in moves]))
     bad = list(Version.objects.filter(run__request=request, run__status=RunStatus.ROLLED_BACK))
     return {"request": request.pk, "partitions": [m.as_dict() for m in moves], "consumers": consumers_of(bad),
             "impact": closure_entries(_closure_of(request=request)), "restored_tainted": _restored_tainted(moves)}

@@ -308,3 +308,40 @@ def test_rolling_back_a_rebuild_names_the_tainted_versions_it_restores_and_a_new
         gmv = sum(float(r["gmv"]) for r in warehouse.read_partition("dws_sales_daily", day))
         amount = sum(float(r["amount"]) for r in warehouse.read_partition("dwd_order_items", day))
         assert gmv == pytest.approx(amount, abs=0.05)
+
+
+def test_what_a_cancelled_request_published_before_the_cancel_can_be_rolled_back(personas, ready, warehouse, api):
+    """The exploratory test: a request cancelled after publishing 476 partitions could not
+    be rolled back as a request (409: only reconciling, completed or failed)."""
+    from tests.execution.test_pipeline import approved_request
+
+    good = run_request(personas, ready, start=DAYS[0], end=DAYS[-1])
+    deploy(dwd_sql=DOUBLED_SQL)
+    bad = approved_request(personas, start=DAYS[0], end=DAYS[-1])
+    executed = []
+
+    def after_the_first(task, args):  # one interval publishes, the other waits in the broker
+        if task != "execution.execute_run":
+            return False
+        executed.append(args)
+        return len(executed) > 1
+
+    ready.drain(skip=after_the_first)
+    published = [r for r in Run.objects.filter(request=bad) if r.status == RunStatus.PUBLISHED]
+    assert len(published) == 1
+    day = published[0].partition_key
+    assert api("oscar").post(f"/api/requests/{bad.pk}/cancel/", {"reason": "wrong code"},
+                             format="json").status_code == 200
+    ready.drain()
+    page = api("oscar").get(f"/api/requests/{bad.pk}/").json()
+    assert page["status"] == "cancelled"
+    response = api("oscar").post(f"/api/requests/{bad.pk}/rollback/", {"reason": "doubled"}, format="json")
+    assert response.status_code == 200, response.json()
+    assert [p["partition_key"] for p in response.json()["partitions"]] == [day]
+    assert warehouse.current("dwd_order_items", day) == runs_by_day(good)[day].run_id
+    bad.refresh_from_db()
+    assert bad.status == RequestStatus.CANCELLED  # an exit of its lifecycle: it stays one
+    event = AuditEvent.objects.get(action="request.rollback", request_id=bad.pk)
+    assert (event.actor_name, event.reason) == ("oscar", "doubled")
+    again = api("oscar").post(f"/api/requests/{bad.pk}/rollback/", {"reason": "doubled"}, format="json")
+    assert again.status_code == 409 and "rolled back already" in again.json()["detail"]
