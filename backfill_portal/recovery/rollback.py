@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -223,16 +223,40 @@ def _mirror(moves: list[Move], *, actor, reason: str, then=None) -> None:
                 ", ".join(f"{m.dataset.name}/{m.partition_key}" for m in moves))
 
 
+# The key of the transaction-scoped advisory lock that makes a rollback's two steps one
+# unit for whoever looks at its pointers meanwhile (`_repair_mirror`).
+_ROLLBACK_LOCK = 7351003
+
+
+def _serialise_rollbacks() -> None:
+    """Inside a metadata transaction: wait for a rollback between its two steps. SQLite's
+    IMMEDIATE transactions already serialise writers."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_ROLLBACK_LOCK])
+
+
 def _apply(moves: list[Move], *, actor, reason: str, then=None) -> None:
     """Warehouse first (the truth), then the mirror, as run_publish does; a crash in
-    between is finished by `_repair_mirror` on the next attempt."""
-    _move_pointers(moves, actor=actor)
-    _mirror(moves, actor=actor, reason=reason, then=then)
+    between is finished by `_repair_mirror` on the next attempt. Both under the rollback
+    lock: a second click that looked while the first was between them took the first's
+    move for an interruption, recorded it as the system's, and both were told 409."""
+    with transaction.atomic():
+        _serialise_rollbacks()
+        _move_pointers(moves, actor=actor)
+        _mirror(moves, actor=actor, reason=reason, then=then)
 
 
 def _repair_mirror(dataset: Dataset, partition_key: str) -> None:
     """If the warehouse's last pointer move is a rollback the metadata never recorded
-    (the process died between the two steps), record it now."""
+    (the process died between the two steps), record it now; a rollback still between
+    them is waited for (the rollback lock), not finished in its place."""
+    with transaction.atomic():
+        _serialise_rollbacks()
+        _repair_mirror_locked(dataset, partition_key)
+
+
+def _repair_mirror_locked(dataset: Dataset, partition_key: str) -> None:
     records = get_warehouse().history(dataset.name, partition_key)
     if not records or records[0].action != "rollback" or not records[0].previous_run_id:
         return

@@ -345,3 +345,43 @@ def test_what_a_cancelled_request_published_before_the_cancel_can_be_rolled_back
     assert (event.actor_name, event.reason) == ("oscar", "doubled")
     again = api("oscar").post(f"/api/requests/{bad.pk}/rollback/", {"reason": "doubled"}, format="json")
     assert again.status_code == 409 and "rolled back already" in again.json()["detail"]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL: concurrent transactions")
+def test_four_rollbacks_of_one_partition_at_once_roll_it_back_once_credited_to_who_won(
+        personas, ready, warehouse, incident):
+    """The exploratory test: four clicks at once all got 409, yet the partition was rolled
+    back, credited to "system" (a loser took the winner's move, between its warehouse and
+    metadata steps, for an interruption and recorded it itself)."""
+    import threading
+
+    from django.db import connections
+
+    from backfill_portal.core.errors import ConflictError
+
+    good, bad, _ = incident
+    outcomes, barrier = [], threading.Barrier(4)
+
+    def click(name):
+        try:
+            barrier.wait()
+            rollback_service.partition_rollback(actor=personas[name], dataset="dwd_order_items",
+                                                partition_key=DAYS[0], reason=f"doubled ({name})")
+            outcomes.append(("ok", name))
+        except ConflictError as exc:
+            outcomes.append(("409", exc.message))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            outcomes.append(("error", repr(exc)))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=click, args=(n,)) for n in ("oscar", "olivia", "admin", "oscar")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    winners = [who for kind, who in outcomes if kind == "ok"]
+    assert len(winners) == 1 and sorted(k for k, _ in outcomes) == ["409", "409", "409", "ok"], outcomes
+    assert warehouse.current("dwd_order_items", DAYS[0]) == runs_by_day(good)[DAYS[0]].run_id
+    rollback = Publication.objects.get(action=Publication.Action.ROLLBACK, partition_key=DAYS[0])
+    assert rollback.actor.username == winners[0] and rollback.reason == f"doubled ({winners[0]})"
