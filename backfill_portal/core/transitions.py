@@ -37,7 +37,8 @@ def apply_transition(
     current = instance.status
     if to not in edges.get(current, ()):
         raise ConflictError(
-            f"{object_type} {instance.pk} is {current}; it cannot become {to}",
+            f"{object_type} {instance.pk} is already {to}" if current == to  # a second click
+            else f"{object_type} {instance.pk} is {current}; it cannot become {to}",
             field="status",
         )
     updates = dict(updates or {})

@@ -271,6 +271,9 @@ def test_cancelling_a_cancelled_request_is_a_conflict(api, catalog):
     request_id = created(api("alice"))["id"]
     assert post(api("alice"), request_id, "cancel", reason="not needed").status_code == 200
     _assert_refused(api, "alice", request_id, "cancel", reason="not needed")
+    # Said as a person would: not "is cancelled; it cannot become cancelled".
+    again = post(api("alice"), request_id, "cancel", reason="not needed")
+    assert again.json()["detail"] == f"request {request_id} is already cancelled"
 
 
 def test_cancelling_a_rejected_request_is_a_conflict(api, catalog):
