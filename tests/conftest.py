@@ -320,6 +320,26 @@ def _no_retry_backoff(settings):
     settings.RETRY_BACKOFF_SECONDS = 0
 
 
+def needs_postgresql(why: str = "concurrent transactions"):
+    """The mark of a test that races transactions: PostgreSQL's (CI's second pass)."""
+    from django.db import connection
+
+    return pytest.mark.skipif(connection.vendor != "postgresql",
+                              reason=f"needs PostgreSQL: {why} (CI's second pass runs it)")
+
+
+def waiting_backends() -> int:
+    """How many of this test database's PostgreSQL sessions wait on a lock now (the race
+    tests hold one, start their callers, and wait until each is blocked on it)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # inside a transaction the view is a snapshot
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0]
+
+
 def make_user(username: str, roles) -> User:
     user = User.objects.create_user(username=username, password="pw-" + username, email=f"{username}@example.com")
     for role in roles:

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.models import BackfillRequest
@@ -22,20 +22,11 @@ from backfill_portal.backfills.services.requests import (
 )
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.services.audit import audit_serialise
+from tests.conftest import needs_postgresql, waiting_backends
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(connection.vendor != "postgresql",
-                       reason="needs PostgreSQL: two concurrent transactions (CI's second pass runs it)"),
-]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql("two concurrent transactions")]
 
 
-def waiting_backends() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND wait_event_type = 'Lock'")
-        return cursor.fetchone()[0]
 
 
 @pytest.mark.parametrize("action", ["cancel", "pause", "resume"])

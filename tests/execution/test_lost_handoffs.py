@@ -44,6 +44,7 @@ from backfill_portal.recovery.reconciliation import reconciliation_signoff
 from backfill_portal.recovery.tasks import reconcile_request
 from backfill_portal.warehouse.models import Publication
 from tests.execution.test_pipeline import approved_request
+from tests.conftest import waiting_backends
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -268,12 +269,6 @@ def test_a_handoff_cascade_that_died_on_reaching_reconciling_gets_its_items_and_
 
 # -- the sweeper and a late hand-off at the same moment (PostgreSQL) ----------------------
 
-def waiting_backends() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND wait_event_type = 'Lock'")
-        return cursor.fetchone()[0]
 
 
 def race(request, *calls) -> tuple[list, list]:

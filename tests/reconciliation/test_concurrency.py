@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.models import Reconciliation, ReconciliationRow
@@ -17,13 +17,10 @@ from backfill_portal.recovery.reconciliation import (
     reconciliation_recompute,
     reconciliation_signoff,
 )
+from tests.conftest import needs_postgresql
 from tests.reconciliation.helpers import run_request
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(connection.vendor != "postgresql",
-                       reason="needs PostgreSQL: concurrent transactions (CI's second pass runs it)"),
-]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql("concurrent transactions")]
 
 
 def at_once(*calls):

@@ -14,6 +14,7 @@ from backfill_portal.core.models import AuditEvent
 from backfill_portal.warehouse.models import Contamination
 from backfill_portal.recovery.rollback import partition_rollback, partition_rollback_rebuild
 from tests.reconciliation.helpers import DOUBLED_SQL, deploy, run_request
+from tests.conftest import waiting_backends
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -23,12 +24,6 @@ pytestmark = [
 DAY = "2022-10-01"
 
 
-def waiting_backends() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")  # inside a transaction the view is a snapshot
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND wait_event_type = 'Lock'")
-        return cursor.fetchone()[0]
 
 
 def test_two_simultaneous_rebuild_clicks_file_one_request(personas, ready, warehouse):
