@@ -46,6 +46,7 @@ from backfill_portal.catalog.tolerances import BASELINE_WINDOW, DEFAULT_MEASURE_
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.retry import run_again_if_deadlocked
+from backfill_portal.recovery.locks import serialise_reconciliation, serialise_rollbacks
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import CheckResult, Run
@@ -487,7 +488,7 @@ def reconciliation_compute(*, actor, request_id, only_if_stale: bool = False) ->
         # One at a time per request, and the rows read, computed and replaced under the
         # lock: two at once inserted the same rows (a 500), and one that had read before
         # a sign-off overwrote the signed numbers, or an explanation written meanwhile.
-        _serialise(request.pk)
+        serialise_reconciliation(request.pk)
         existing = Reconciliation.objects.filter(request=request).first()
         if existing is not None and existing.signed_off_at is not None:
             raise ConflictError(f"request #{request.pk} was signed off; its reconciliation is final", field="status")
@@ -507,19 +508,6 @@ def reconciliation_compute(*, actor, request_id, only_if_stale: bool = False) ->
                      request_id=request.pk, dataset=request.job.dataset.name,
                      data={**counts, "intervals": len(rows), "recomputed": manifest["recomputed"]})
     return reconciliation
-
-
-# The key of the transaction-scoped advisory lock (with the request's id) that makes
-# computing, explaining and signing off one request's reconciliation one at a time.
-_RECONCILIATION_LOCK = 7351002
-
-
-def _serialise(request_id: int) -> None:
-    """Inside a transaction: wait for whoever is computing, explaining or signing off this
-    request's reconciliation. SQLite's IMMEDIATE transactions already serialise writers."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_RECONCILIATION_LOCK, int(request_id)])
 
 
 def reconciliation_get(*, request_id, compute_missing: bool = True) -> Reconciliation:
@@ -590,7 +578,7 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
         raise NotFound(f"request #{request.pk} has no interval {partition_key!r}{of_job}")
     with transaction.atomic():
         # After a recompute that ran meanwhile (it replaces the rows), this row as it is now.
-        _serialise(request.pk)
+        serialise_reconciliation(request.pk)
         row = rows.first()
         if row is None:
             raise NotFound(f"request #{request.pk} has no interval {partition_key!r}")
@@ -651,7 +639,7 @@ def intervals_explain(*, actor, request_id, intervals: list[tuple[str, str]], ex
                               + (f" (and {len(nothing) - 10} more)" if len(nothing) > 10 else ""), field="intervals")
     now = timezone.now()
     with transaction.atomic():
-        _serialise(request.pk)
+        serialise_reconciliation(request.pk)
         # The rows as they are now: a recompute that ran meanwhile replaced them.
         found = {(r.job.name, r.partition_key): r for r in ReconciliationRow.objects.filter(
             request=request, partition_key__in={k for _, k in wanted}).select_related("job", "dataset")}
@@ -705,13 +693,18 @@ def reconciliation_signoff(*, actor, request_id, comment: str = "") -> BackfillR
 
     def sign() -> BackfillRequest:
         with transaction.atomic():
-            # The rows checked are the rows signed: no recompute or explanation between.
-            _serialise(request.pk)
+            # The rows checked are the rows signed: no rollback, recompute or explanation
+            # between (a partition rollback at the same moment left a signed-off request
+            # showing the rolled-back interval as matched).
+            serialise_rollbacks()
+            serialise_reconciliation(request.pk)
             current = request_get(request.pk)
             if current.status != R.RECONCILING:
                 raise ConflictError(f"request #{current.pk} is {current.status}; only a reconciling request is "
                                     "signed off", field="status")
             reconciliation = Reconciliation.objects.get(request=current)
+            if _stale(reconciliation, current):  # something published or rolled back since it was computed
+                reconciliation = reconciliation_compute(actor=None, request_id=current.pk)
             unexplained = list(ReconciliationRow.objects.filter(request=current, verdict=Verdict.UNEXPLAINED)
                                .order_by("job_id", "position").values_list("partition_key", flat=True))
             if unexplained:

@@ -40,6 +40,7 @@ from backfill_portal.execution.choices import RunStatus, RunType
 from backfill_portal.execution.models import Run
 from backfill_portal.execution.queue import enqueue
 from backfill_portal.execution.transitions import run_transition
+from backfill_portal.recovery.locks import serialise_reconciliation, serialise_rollbacks
 from backfill_portal.recovery.reconciliation import reconciliation_signoff_withdraw
 from backfill_portal.warehouse.models import Consumption, Contamination, Publication, Version
 from backfill_portal.backends import PointerMove, get_warehouse
@@ -223,26 +224,19 @@ def _mirror(moves: list[Move], *, actor, reason: str, then=None) -> None:
                 ", ".join(f"{m.dataset.name}/{m.partition_key}" for m in moves))
 
 
-# The key of the transaction-scoped advisory lock that makes a rollback's two steps one
-# unit for whoever looks at its pointers meanwhile (`_repair_mirror`).
-_ROLLBACK_LOCK = 7351003
-
-
-def _serialise_rollbacks() -> None:
-    """Inside a metadata transaction: wait for a rollback between its two steps. SQLite's
-    IMMEDIATE transactions already serialise writers."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_ROLLBACK_LOCK])
-
-
-def _apply(moves: list[Move], *, actor, reason: str, then=None) -> None:
+def _apply(moves: list[Move], *, actor, reason: str, then=None, before=None) -> None:
     """Warehouse first (the truth), then the mirror, as run_publish does; a crash in
     between is finished by `_repair_mirror` on the next attempt. Both under the rollback
     lock: a second click that looked while the first was between them took the first's
     move for an interruption, recorded it as the system's, and both were told 409."""
     with transaction.atomic():
-        _serialise_rollbacks()
+        serialise_rollbacks()
+        # The reconciliations this rollback will reopen or recompute, before any row: in
+        # the order a recompute and a sign-off take them (recovery/locks.py).
+        for request_id in sorted({m.current.run.request_id for m in moves if m.current.run.request_id}):
+            serialise_reconciliation(request_id)
+        if before is not None:
+            before()  # what must still hold, checked under the lock, before the warehouse moves
         _move_pointers(moves, actor=actor)
         _mirror(moves, actor=actor, reason=reason, then=then)
 
@@ -252,7 +246,7 @@ def _repair_mirror(dataset: Dataset, partition_key: str) -> None:
     (the process died between the two steps), record it now; a rollback still between
     them is waited for (the rollback lock), not finished in its place."""
     with transaction.atomic():
-        _serialise_rollbacks()
+        serialise_rollbacks()
         _repair_mirror_locked(dataset, partition_key)
 
 
@@ -393,6 +387,9 @@ def _reconcile_again(requests: dict[int, BackfillRequest], *, actor, reason: str
     reopened (completed -> reconciling, its sign-off withdrawn) and each reconciling one
     recomputed, so its reconciliation shows the interval unexplained, not "matched"."""
     for pk, req in sorted(requests.items()):
+        # As it is now, under the rollback lock a sign-off also takes: one that completed
+        # it since it was read is withdrawn here, not left signed over a changed partition.
+        req.refresh_from_db(fields=["status", "finished_at"])
         if req.status == RequestStatus.COMPLETED:
             signed = reconciliation_signoff_withdraw(request=req)
             request_reopen(req, actor=actor, reason=reason, signed_off=signed)
@@ -528,11 +525,25 @@ def request_rollback(*, actor, request_id, reason: str) -> dict:
             request_id=request.pk, dataset=request.job.dataset.name, from_state=request.status,
             to_state=request.status, reason=reason, data={"partitions": [m.as_dict() for m in moves]}))
     else:
-        _apply(moves, actor=actor, reason=reason, then=lambda: request_rolled_back(
-            request, actor=actor, reason=reason, partitions=[m.as_dict() for m in moves]))
+        _apply(moves, actor=actor, reason=reason, before=lambda: _still_rollbackable(request),
+               then=lambda: request_rolled_back(request, actor=actor, reason=reason,
+                                                partitions=[m.as_dict() for m in moves]))
     bad = list(Version.objects.filter(run__request=request, run__status=RunStatus.ROLLED_BACK))
     return {"request": request.pk, "partitions": [m.as_dict() for m in moves], "consumers": consumers_of(bad),
             "impact": closure_entries(_closure_of(request=request)), "restored_tainted": _restored_tainted(moves)}
+
+
+def _still_rollbackable(request: BackfillRequest) -> None:
+    """Under the rollback lock, before the warehouse moves: the request's row locked and
+    read again. A sign-off that completed it meanwhile left the copy read before stale,
+    so its transition failed after the pointers had moved (a 409, the data rolled back
+    anyway, and the move recorded later as the system's)."""
+    list(BackfillRequest.objects.select_for_update().filter(pk=request.pk).values_list("pk", flat=True))
+    request.refresh_from_db(fields=["status", "finished_at"])
+    if request.status == RequestStatus.ROLLED_BACK:
+        raise ConflictError(f"request #{request.pk} was rolled back meanwhile", field="status")
+    if request.status not in ROLLBACKABLE_REQUEST_STATES or request.status == RequestStatus.CANCELLED:
+        raise ConflictError(f"request #{request.pk} is {request.status} now; nothing was changed", field="status")
 
 
 def rollback_state(*, request_id=None, dataset: str | None = None, partition_key: str | None = None) -> dict:
