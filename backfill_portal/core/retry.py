@@ -34,18 +34,21 @@ def is_retryable(exc: BaseException | None) -> bool:
     return False
 
 
-def run_again_if_deadlocked(work: Callable[[], T], *, what: str, attempts: int = 3) -> T:
+def run_again_if_deadlocked(work: Callable[[], T], *, what: str, attempts: int = 3,
+                            also: tuple[type[Exception], ...] = ()) -> T:
     """`work()` (which opens and commits its own transaction), run again up to
-    `attempts` times in all when the database aborted it to break a deadlock. Inside an
-    outer transaction it runs once: that transaction is aborted too, and only its owner
-    can run it again."""
+    `attempts` times in all when the database aborted it to break a deadlock, or it
+    raised one of `also` (a lost race the next reading settles). Inside an outer
+    transaction it runs once: that transaction is aborted too, and only its owner can
+    run it again."""
     for attempt in range(1, attempts + 1):
         try:
             return work()
-        except DatabaseError as exc:
-            if not is_retryable(exc) or attempt == attempts or connection.in_atomic_block:
+        except (DatabaseError, *also) as exc:
+            if (not (isinstance(exc, also) or is_retryable(exc)) or attempt == attempts
+                    or connection.in_atomic_block):
                 raise
-            logger.warning("%s was aborted to break a deadlock (attempt %s of %s); running it again",
-                           what, attempt, attempts)
+            logger.warning("%s was aborted (%s; attempt %s of %s); running it again",
+                           what, "a lost race" if isinstance(exc, also) else "a deadlock", attempt, attempts)
             time.sleep(0.05 * attempt)
     raise AssertionError("unreachable")

@@ -572,16 +572,13 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
                             field="status")
     if not Reconciliation.objects.filter(request=request).exists():
         reconciliation_compute(actor=None, request_id=request.pk)
-    row = rows.first()
-    if row is None:
-        of_job = f" of job {job!r}" if job else ""
-        raise NotFound(f"request #{request.pk} has no interval {partition_key!r}{of_job}")
     with transaction.atomic():
-        # After a recompute that ran meanwhile (it replaces the rows), this row as it is now.
+        # The row as it is under the lock: a recompute that ran meanwhile replaced them.
         serialise_reconciliation(request.pk)
         row = rows.first()
         if row is None:
-            raise NotFound(f"request #{request.pk} has no interval {partition_key!r}")
+            of_job = f" of job {job!r}" if job else ""
+            raise NotFound(f"request #{request.pk} has no interval {partition_key!r}{of_job}")
         if Reconciliation.objects.filter(request=request, signed_off_at__isnull=False).exists():
             raise ConflictError(f"request #{request.pk} was signed off; its reconciliation is final", field="status")
         before = row.verdict

@@ -365,8 +365,6 @@ def request_retry_failed(*, actor, request_id) -> BackfillRequest:
     if request.status not in (R.FAILED, R.RUNNING):
         raise ConflictError(f"request #{request.pk} is {request.status}; only a failed or running request "
                             "can retry its failed intervals", field="status")
-    if not Interval.objects.filter(request=request, status=I.FAILED).exists():
-        raise ConflictError(f"request #{request.pk} has no failed intervals", field="status")
     return run_again_if_deadlocked(lambda: _retry_failed(actor, request_get(request_id)),
                                    what=f"retrying the failed intervals of request #{request.pk}")
 
@@ -431,13 +429,7 @@ def request_stop_runs(*, request_id: int) -> int:
 
     # A run a worker moved between the read and its transition (running -> staged) is a
     # lost race, not a reason to stop stopping: read them again, as for a deadlock.
-    for attempt in range(1, 4):
-        try:
-            return run_again_if_deadlocked(stop, what=f"stopping the runs of request #{request_id}")
-        except ConflictError:
-            if attempt == 3 or transaction.get_connection().in_atomic_block:
-                raise
-    raise AssertionError("unreachable")
+    return run_again_if_deadlocked(stop, what=f"stopping the runs of request #{request_id}", also=(ConflictError,))
 
 
 def warehouse_probe_and_resume() -> int:

@@ -226,6 +226,6 @@ def _file_rebuilds(request, name: str, key: str) -> None:
 @require_POST
 def partition_rebuild_consumers(request, name: str, key: str):
     """The one-click cascade after a rollback, offered on the partition page."""
-    _partition_context(request.user, name, key)  # 404 for a dataset or partition that does not exist
+    partition_state(dataset_name=name, partition_key=key)  # 404 for a dataset or partition that does not exist
     _file_rebuilds(request, name, key)
     return redirect_after_post(request, reverse("partition", args=[name, key]))
