@@ -35,6 +35,7 @@ from backfill_portal.backfills.services.lifecycle import request_reopen, request
 from backfill_portal.backfills.services.requests import NodeAction
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
+from backfill_portal.core.retry import run_again_if_deadlocked
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import RunStatus, RunType
 from backfill_portal.execution.models import Run
@@ -228,17 +229,57 @@ def _apply(moves: list[Move], *, actor, reason: str, then=None, before=None) -> 
     """Warehouse first (the truth), then the mirror, as run_publish does; a crash in
     between is finished by `_repair_mirror` on the next attempt. Both under the rollback
     lock: a second click that looked while the first was between them took the first's
-    move for an interruption, recorded it as the system's, and both were told 409."""
-    with transaction.atomic():
-        serialise_rollbacks()
-        # The reconciliations this rollback will reopen or recompute, before any row: in
-        # the order a recompute and a sign-off take them (recovery/locks.py).
-        for request_id in sorted({m.current.run.request_id for m in moves if m.current.run.request_id}):
-            serialise_reconciliation(request_id)
-        if before is not None:
-            before()  # what must still hold, checked under the lock, before the warehouse moves
-        _move_pointers(moves, actor=actor)
-        _mirror(moves, actor=actor, reason=reason, then=then)
+    move for an interruption, recorded it as the system's, and both were told 409.
+
+    The rows the mirror changes are locked before the warehouse moves, so a deadlock
+    (a worker holding one of them while it waits for the audit chain, which the mirror's
+    first audit row holds) breaks before anything moved, and the whole of it runs again;
+    afterwards the mirror waits only for the audit chain, whose holders wait for none of
+    these rows."""
+    moved = False
+
+    def attempt() -> None:
+        nonlocal moved
+        with transaction.atomic():
+            serialise_rollbacks()
+            # The reconciliations this rollback will reopen or recompute, before any row: in
+            # the order a recompute and a sign-off take them (recovery/locks.py).
+            for request_id in sorted({m.current.run.request_id for m in moves if m.current.run.request_id}):
+                serialise_reconciliation(request_id)
+            if before is not None:
+                before()  # what must still hold, checked under the lock, before the warehouse moves
+            _lock_mirrored_rows(moves)
+            _move_pointers(moves, actor=actor)
+            moved = True
+            _mirror(moves, actor=actor, reason=reason, then=then)
+
+    def before_the_move() -> None:
+        try:
+            attempt()
+        except Exception as exc:
+            if moved:  # the warehouse moved: never again; `_repair_mirror` finishes the record
+                raise _MovedThenFailed() from exc
+            raise
+
+    try:
+        run_again_if_deadlocked(before_the_move, what="a rollback")
+    except _MovedThenFailed as wrapped:
+        raise wrapped.__cause__ from None
+
+
+class _MovedThenFailed(Exception):
+    """The mirror failed after the warehouse moved: not to be run again (the compare-and-set
+    would find its own move)."""
+
+
+def _lock_mirrored_rows(moves: list[Move]) -> None:
+    """The runs (rolled back and restored) and requests the mirror changes, locked in id order."""
+    run_ids = sorted({m.current.run_id for m in moves} | {m.target.run_id for m in moves})
+    list(Run.objects.select_for_update().filter(pk__in=run_ids).order_by("pk").values_list("pk", flat=True))
+    request_ids = sorted({m.current.run.request_id for m in moves if m.current.run.request_id}
+                         | {m.request.pk for m in moves if m.request is not None})
+    list(BackfillRequest.objects.select_for_update().filter(pk__in=request_ids).order_by("pk")
+         .values_list("pk", flat=True))
 
 
 def _repair_mirror(dataset: Dataset, partition_key: str) -> None:
