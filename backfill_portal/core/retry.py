@@ -52,3 +52,18 @@ def run_again_if_deadlocked(work: Callable[[], T], *, what: str, attempts: int =
                            what, "a lost race" if isinstance(exc, also) else "a deadlock", attempt, attempts)
             time.sleep(0.05 * attempt)
     raise AssertionError("unreachable")
+
+
+def send_again_if_deadlocked(task, work: Callable[[], T], *, countdown: float = 1.0, max_retries: int = 5) -> T:
+    """`work()` for a Celery task (bound, safe to run twice): when the database aborted
+    its transaction to break a deadlock (a person's cancel or rollback took the same rows
+    in the other order), the task is sent again after `countdown` seconds instead of
+    failing at ERROR and waiting for the sweeper. Anything else is raised as it is."""
+    try:
+        return work()
+    except DatabaseError as exc:
+        if not is_retryable(exc) or connection.in_atomic_block:
+            raise
+        logger.warning("task %s was aborted by the database to break a deadlock; sending it again in %s s",
+                       task.name, countdown)
+        raise task.retry(exc=exc, countdown=countdown, max_retries=max_retries) from exc

@@ -1,8 +1,10 @@
-"""Celery tasks: take ids, re-read state, call one service. Safe to run twice."""
+"""Celery tasks: take ids, re-read state, call one service. Safe to run twice, so a task
+the database aborted to break a deadlock is sent again (core.retry)."""
 from __future__ import annotations
 
 from celery import shared_task
 
+from backfill_portal.core.retry import send_again_if_deadlocked
 from backfill_portal.execution.lineage_out.outbox import lineage_events_send
 from backfill_portal.execution.services.bundles import runs_execute_bundle
 from backfill_portal.execution.services.dispatch import warehouse_probe_and_resume
@@ -12,27 +14,29 @@ from backfill_portal.execution.services.sweep import sweep_run
 from backfill_portal.execution.services.verify import run_execute_and_verify, run_verify
 
 
-@shared_task(name="execution.dispatch_request", acks_late=True)
-def dispatch_request(request_id: int) -> int:
-    return dispatch_request_service(request_id=request_id)
+@shared_task(name="execution.dispatch_request", bind=True, acks_late=True)
+def dispatch_request(self, request_id: int) -> int:
+    return send_again_if_deadlocked(self, lambda: dispatch_request_service(request_id=request_id))
 
 
 @shared_task(name="execution.execute_run", bind=True, acks_late=True)
 def execute_run(self, run_id: str) -> str:
     """The run's next attempt, then (once staged) its verification and publication."""
-    return run_execute_and_verify(run_id=run_id, worker=self.request.hostname or "")
+    return send_again_if_deadlocked(
+        self, lambda: run_execute_and_verify(run_id=run_id, worker=self.request.hostname or ""))
 
 
 @shared_task(name="execution.execute_bundle", bind=True, acks_late=True)
 def execute_bundle(self, run_ids: list[str]) -> dict[str, str]:
     """Several queued runs of one request's cheap job, step by step together
     (services/bundles.py); each run as the execute task would take it."""
-    return runs_execute_bundle(run_ids=list(run_ids), worker=self.request.hostname or "")
+    return send_again_if_deadlocked(
+        self, lambda: runs_execute_bundle(run_ids=list(run_ids), worker=self.request.hostname or ""))
 
 
-@shared_task(name="execution.verify_run", acks_late=True)
-def verify_run(run_id: str) -> str:
-    return run_verify(run_id=run_id)
+@shared_task(name="execution.verify_run", bind=True, acks_late=True)
+def verify_run(self, run_id: str) -> str:
+    return send_again_if_deadlocked(self, lambda: run_verify(run_id=run_id))
 
 
 @shared_task(name="execution.sweep")

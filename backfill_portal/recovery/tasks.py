@@ -2,13 +2,14 @@
 first registered under: outbox rows and broker messages name tasks by name."""
 from celery import shared_task
 
+from backfill_portal.core.retry import send_again_if_deadlocked
 from backfill_portal.recovery.reconciliation import request_reconcile_when_ready
 
 
-@shared_task(name="backfills.reconcile_request", acks_late=True)
-def reconcile_request(request_id: int) -> str:
+@shared_task(name="backfills.reconcile_request", bind=True, acks_late=True)
+def reconcile_request(self, request_id: int) -> str:
     """Compute a reconciling request's manifest and four numbers. Safe twice."""
-    return request_reconcile_when_ready(request_id=request_id)
+    return send_again_if_deadlocked(self, lambda: request_reconcile_when_ready(request_id=request_id))
 
 
 @shared_task(name="execution.purge_versions")
