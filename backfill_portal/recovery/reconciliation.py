@@ -551,8 +551,9 @@ def reconciliation_recompute(*, actor, request_id) -> Reconciliation:
 
 def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
                      job: str | None = None) -> ReconciliationRow:
-    """A reviewer says why an interval's numbers differ. Refused when empty (400),
-    outside `reconciling` (409) or for someone who is not a reviewer (403)."""
+    """A reviewer says why an interval's numbers differ. Refused when empty or when its
+    numbers match (400), outside `reconciling` (409) or for someone who is not a
+    reviewer (403)."""
     request = request_get(request_id)
     explanation = (explanation or "").strip()
     rows = (ReconciliationRow.objects.filter(request=request, partition_key=partition_key)
@@ -581,6 +582,9 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
             raise NotFound(f"request #{request.pk} has no interval {partition_key!r}{of_job}")
         if Reconciliation.objects.filter(request=request, signed_off_at__isnull=False).exists():
             raise ConflictError(f"request #{request.pk} was signed off; its reconciliation is final", field="status")
+        if not row.deviations:  # as for several at once, and as the page offers it
+            raise ValidationError(f"nothing to explain in {partition_key!r} of {row.job.name}: its numbers match",
+                                  field="explanation")
         before = row.verdict
         verdict = before if before == Verdict.SKIPPED else _verdict(row.deviations, explanation)
         now = timezone.now()

