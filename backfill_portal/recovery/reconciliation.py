@@ -428,6 +428,7 @@ def request_manifest(request: BackfillRequest) -> dict:
         "runs_created": backfill_runs.count(),
         "verification_runs": runs.filter(run_type=RunType.VERIFICATION).count(),
         "versions_published": len({p["version_id"] for p in publishes}),
+        **_version_fates(publishes),
         "exceptions": {
             "skipped": [{"job": iv["job__name"], "partition_key": iv["partition_key"],
                          "why": _why(iv, "skipped")} for iv in intervals.values() if iv["status"] == I.SKIPPED],
@@ -449,6 +450,28 @@ def request_manifest(request: BackfillRequest) -> dict:
                 .values_list("run__partition_key", flat=True)),
         },
     }
+
+
+def _version_fates(publishes: list[dict]) -> dict:
+    """Of the versions a request published, how many readers see now and how many a
+    rollback took away (the intervals' lifecycle ends at published; the run says what
+    became of its version)."""
+    fate = {p["version_id"]: p["version__run__status"] for p in publishes}
+    return {"versions_current": sum(1 for s in fate.values() if s == RunStatus.PUBLISHED),
+            "versions_rolled_back": sum(1 for s in fate.values() if s == RunStatus.ROLLED_BACK)}
+
+
+def manifest_now(request: BackfillRequest, manifest: dict | None) -> dict:
+    """A stored manifest (frozen when its numbers were computed or signed off) with what
+    a rollback since has changed read now: the rolled-back exceptions and what readers see."""
+    manifest = dict(manifest or {})
+    if not manifest:
+        return manifest
+    manifest["exceptions"] = {**(manifest.get("exceptions") or {}), "rolled_back": rolled_back_items(request)}
+    manifest.update(_version_fates(list(
+        Publication.objects.filter(request=request, action=Publication.Action.PUBLISH)
+        .values("version_id", "version__run__status"))))
+    return manifest
 
 
 def rolled_back_items(request: BackfillRequest) -> list[dict]:
@@ -756,6 +779,7 @@ __all__ = [
     "reconciliation_rows",
     "reconciliation_signoff",
     "reconciliation_signoff_withdraw",
+    "manifest_now",
     "request_manifest",
     "request_reconcile_when_ready",
     "rolled_back_items",

@@ -320,6 +320,22 @@ def test_a_rollback_after_the_sign_off_is_named_with_what_readers_see_instead(pe
     named = body["manifest"]["exceptions"]["rolled_back"]
     assert [(n["partition_key"], n["run_id"], n["restored_run_id"], n["by"], n["why"]) for n in named] == [
         (day, second_runs[day], good_runs[day], "oscar", "wrong day picked") for day in ("2022-10-01", "2022-10-02")]
+    # The manifest's figures say it too: published two, readers see none of them now.
+    assert (body["manifest"]["versions_published"], body["manifest"]["versions_current"],
+            body["manifest"]["versions_rolled_back"]) == (2, 0, 2)
+    lines = list(csv.reader(io.StringIO(api("audrey").get(f"/api/requests/{second.pk}/reconciliation.csv")
+                                        .content.decode())))
+    assert ["versions_current", "0"] in lines and ["versions_rolled_back", "2"] in lines
+    page = web_client(personas["audrey"]).get(f"/requests/{second.pk}/reconciliation/").content.decode()
+    assert "(0 read now, 2 rolled back)" in page
+
+
+def web_client(user):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 def test_explaining_an_interval_whose_numbers_match_is_refused_as_for_several(personas, ready, api):

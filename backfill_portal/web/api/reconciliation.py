@@ -37,13 +37,11 @@ class ReconciliationSerializer(serializers.ModelSerializer):
                   "manifest", "rows"]
 
     def get_manifest(self, obj) -> dict:
-        """The stored manifest; "rolled_back" read now, so a rollback after the sign-off
-        (which freezes the numbers) is still named."""
-        from backfill_portal.recovery.reconciliation import rolled_back_items
+        """The stored manifest; what a rollback changed read now, so a rollback after the
+        sign-off (which freezes the numbers) is still named."""
+        from backfill_portal.recovery.reconciliation import manifest_now
 
-        manifest = dict(obj.manifest or {})
-        manifest["exceptions"] = {**(manifest.get("exceptions") or {}), "rolled_back": rolled_back_items(obj.request)}
-        return manifest
+        return manifest_now(obj.request, obj.manifest)
 
     def get_rows(self, obj) -> list[dict]:
         from backfill_portal.recovery.reconciliation import reconciliation_rows
@@ -157,7 +155,8 @@ class ReconciliationCSVRenderer(renderers.BaseRenderer):
         writer.writerow([])
         writer.writerow(["manifest", "value"])
         writer.writerow(["request", data.get("request")])
-        for key in ("intervals_planned", "runs_created", "verification_runs", "versions_published", "recomputed"):
+        for key in ("intervals_planned", "runs_created", "verification_runs", "versions_published", "versions_current",
+                    "versions_rolled_back", "recomputed"):
             writer.writerow([key, _cell(manifest.get(key))])
         for key, value in (manifest.get("verdicts") or {}).items():
             writer.writerow([f"intervals_{key}", value])

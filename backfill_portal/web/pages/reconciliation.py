@@ -138,7 +138,7 @@ def _recon_or_none(req: BackfillRequest):
 def reconciliation(request, pk: int, *, status: int = 200, bound: dict | None = None):
     """The manifest, the four numbers per interval (500 a page, filterable by verdict),
     explain forms, sign-off and a chart of rows before/after/baseline."""
-    from backfill_portal.recovery.reconciliation import reconciliation_rows
+    from backfill_portal.recovery.reconciliation import manifest_now, reconciliation_rows
 
     req = request_get(pk)
     recon = _recon_or_none(req)
@@ -162,30 +162,21 @@ def reconciliation(request, pk: int, *, status: int = 200, bound: dict | None = 
     can_explain = reviewer and req.status == RequestStatus.RECONCILING
     for row in rows:
         row.form = (bound or {}).get(row.pk) or _explain_form(row)
+    # What a rollback changed read now, not when the numbers were computed (or signed
+    # off): a rollback after the sign-off must still be named.
+    manifest = manifest_now(req, recon.manifest) if recon is not None else {}
     return render_page(request, "backfills/reconciliation.html", {
         "req": req, "recon": recon, "rows": rows, "counts": counts, "verdict": verdict,
         "after": after, "next_after": next_after, "per_page": RECON_ROWS_PER_PAGE,
         "multi_job": len({r.job_id for r in rows}) > 1 or bool(req.node_actions),
-        "manifest": (recon.manifest if recon else {}) or {},
-        "exceptions": _exceptions(req, recon),
+        "manifest": manifest,
+        "exceptions": [(name.replace("_", " "), items) for name, items in (manifest.get("exceptions") or {}).items()],
         "explain_many_form": ExplainForm(auto_id="many_%s"),
         "charts": _chart_series(rows), "can_explain": can_explain,
         "can_recompute": reviewer and recon is not None and recon.signed_off_at is None,
         "baseline_window": BASELINE_WINDOW,
         "signoff_form": SignoffForm(), **_signoff_context(request.user, req, recon, counts),
     }, status=status)
-
-
-def _exceptions(req: BackfillRequest, recon) -> list[tuple[str, list]]:
-    """The manifest's exceptions by name; "rolled back" read now, not when the numbers
-    were computed (or signed off): a rollback after the sign-off must still be named."""
-    from backfill_portal.recovery.reconciliation import rolled_back_items
-
-    if recon is None:
-        return []
-    exceptions = dict((recon.manifest or {}).get("exceptions") or {})
-    exceptions["rolled_back"] = rolled_back_items(req)
-    return [(name.replace("_", " "), items) for name, items in exceptions.items()]
 
 
 def _explain_form(row, data=None) -> ExplainForm:
