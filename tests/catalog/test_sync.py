@@ -307,6 +307,7 @@ def test_a_sync_records_who_synced_and_why_on_every_audit_row(personas, tmp_path
     ((), "--actor is required"),
     (("--actor", "olivia"), "--reason is required"),
     (("--actor", "nobody", "--reason", "x"), "'nobody' is not an active portal user"),
+    (("--actor", "olivia", "--reason", "deploy \x1b[2J"), "--reason: the control character U\\+001B is not allowed"),
 ])
 def test_a_sync_without_who_or_why_is_refused_and_writes_nothing(personas, tmp_path, args, message):
     path = write(tmp_path, TEST_CATALOG)

@@ -156,6 +156,25 @@ def test_cancel_without_a_reason_is_refused_and_the_request_stays(web, make_requ
     assert not AuditEvent.objects.filter(action="request.cancel", request_id=req.pk).exists()
 
 
+def test_a_reason_with_a_terminal_escape_is_a_form_error_on_the_page_and_a_field_error_in_the_api(
+        web, make_request, api):
+    """Free text is read back in terminals (manage.py, log tails, CSV in a pager): an ESC
+    in a reason was stored and replayed as an escape sequence. Line breaks and tabs stay."""
+    req = make_request("pending")
+    response = web("alice").post(action(req, "cancel"), {"reason": "wrong range \x1b[2J\x1b[H"})
+    assert response.status_code == 400
+    assert "the control character U+001B is not allowed" in response.content.decode()
+    assert status_of(req) == "pending_approval"
+    answer = api("alice").post(f"/api/requests/{req.pk}/cancel/", {"reason": "wrong\x07range"}, format="json")
+    assert answer.status_code == 400
+    assert answer.json()["errors"]["reason"] == [
+        "the control character U+0007 is not allowed; text may hold line breaks and tabs"]
+    assert not AuditEvent.objects.filter(action="request.cancel", request_id=req.pk).exists()
+    kept = "wrong range:\n\tthe 3rd was late"
+    assert web("alice").post(action(req, "cancel"), {"reason": kept}).status_code == 302
+    assert AuditEvent.objects.get(action="request.cancel", request_id=req.pk).reason == kept.strip()
+
+
 def test_oncall_pauses_and_resumes_someone_elses_running_request(web, make_request):
     req = make_request("running")
     client = web("oscar")

@@ -83,6 +83,8 @@ def actor_and_reason(actor: str, reason: str, *, does: str, changes: str):
     CommandError saying which is missing: every audit row names a person and a why."""
     from django.contrib.auth import get_user_model
 
+    from backfill_portal.core.text import control_character_in, control_character_message
+
     if not actor.strip():
         raise CommandError(f"--actor is required: the portal user who {does} (audited as the actor, never 'system')")
     user = get_user_model().objects.filter(username=actor.strip(), is_active=True).first()
@@ -90,6 +92,9 @@ def actor_and_reason(actor: str, reason: str, *, does: str, changes: str):
         raise CommandError(f"--actor {actor.strip()!r} is not an active portal user")
     if not reason.strip():
         raise CommandError(f"--reason is required: say why {changes} (it is audited with every change)")
+    code = control_character_in(reason)
+    if code:
+        raise CommandError(f"--reason: {control_character_message(code)}")
     return user, reason.strip()
 
 

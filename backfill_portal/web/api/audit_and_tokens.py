@@ -11,6 +11,7 @@ from backfill_portal.core.api import ID_LOOKUP
 from backfill_portal.core.authentication import locked_out_json
 from backfill_portal.core.errors import ValidationError
 from backfill_portal.core.models import ApiToken, AuditEvent
+from backfill_portal.core.text import no_control_characters
 from backfill_portal.core.services.tokens import api_token_issue, api_token_revoke
 
 
@@ -55,7 +56,7 @@ class TokenObtainSerializer(serializers.Serializer):
     password = serializers.CharField(max_length=4096, trim_whitespace=False, style={"input_type": "password"})
     days = serializers.IntegerField(required=False, min_value=1, max_value=settings.API_TOKEN_MAX_DAYS,
                                     help_text="how long the token is valid (default API_TOKEN_DAYS)")
-    label = serializers.CharField(required=False, allow_blank=True, max_length=100,
+    label = serializers.CharField(required=False, allow_blank=True, max_length=100, validators=[no_control_characters],
                                   help_text="what the token is for, to tell tokens apart")
 
 

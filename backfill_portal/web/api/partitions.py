@@ -7,6 +7,7 @@ from backfill_portal.web.api import validated_or_refused
 from backfill_portal.web.api.reconciliation import RESTORED_TAINTED_HELP, PartitionMoveSerializer
 from backfill_portal.web.api.serializers.runs import PublicationSerializer, VersionSerializer
 from backfill_portal.warehouse.selectors import partition_state
+from backfill_portal.core.text import no_control_characters
 
 
 class VersionRefSerializer(serializers.Serializer):
@@ -72,7 +73,7 @@ def partition_detail(request, name: str, key: str):
 # -- rollback of one partition ---------------------------------------------------------------
 
 class _PartitionRollbackBody(serializers.Serializer):
-    reason = serializers.CharField(allow_blank=True, max_length=4000)
+    reason = serializers.CharField(allow_blank=True, max_length=4000, validators=[no_control_characters])
 
 
 @extend_schema(request=_PartitionRollbackBody, responses=inline_serializer("PartitionRollback", {

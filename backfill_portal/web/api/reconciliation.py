@@ -7,6 +7,7 @@ from rest_framework import renderers, serializers
 
 from backfill_portal.backfills.models import Reconciliation, ReconciliationRow
 from backfill_portal.core.csv_export import csv_writer
+from backfill_portal.core.text import no_control_characters
 
 
 class ReconciliationRowSerializer(serializers.ModelSerializer):
@@ -50,17 +51,17 @@ class ReconciliationSerializer(serializers.ModelSerializer):
 
 
 class ExplainSerializer(serializers.Serializer):
-    explanation = serializers.CharField(allow_blank=True, max_length=4000)
+    explanation = serializers.CharField(allow_blank=True, max_length=4000, validators=[no_control_characters])
     job = serializers.CharField(max_length=128, required=False, allow_null=True, default=None,
                                 help_text="only for a cascade request whose jobs share the partition key")
 
 
 class SignoffSerializer(serializers.Serializer):
-    comment = serializers.CharField(allow_blank=True, default="", max_length=4000)
+    comment = serializers.CharField(allow_blank=True, default="", max_length=4000, validators=[no_control_characters])
 
 
 class RollbackSerializer(serializers.Serializer):
-    reason = serializers.CharField(allow_blank=True, max_length=4000)
+    reason = serializers.CharField(allow_blank=True, max_length=4000, validators=[no_control_characters])
 
 
 class ConsumerSerializer(serializers.Serializer):

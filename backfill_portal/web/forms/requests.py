@@ -12,6 +12,7 @@ from django import forms
 from backfill_portal.backfills.choices import Cascade, Strategy
 from backfill_portal.backfills.models import MAX_ACTIVE_INTERVALS_LIMIT
 from backfill_portal.catalog.models import Job
+from backfill_portal.core.text import no_control_characters
 
 
 def partition_format(grain: str, timezone: str) -> dict[str, str]:
@@ -52,7 +53,8 @@ class RequestForm(forms.Form):
     start = forms.CharField(label="First partition", max_length=64)
     end = forms.CharField(label="Last partition", max_length=64,
                           help_text="inclusive")
-    reason = forms.CharField(label="Reason", max_length=4000, widget=forms.Textarea(attrs={"rows": 3}),
+    reason = forms.CharField(label="Reason", max_length=4000, validators=[no_control_characters],
+                             widget=forms.Textarea(attrs={"rows": 3}),
                              help_text="Why this backfill is needed. Auditors will read it.")
     cascade = forms.ChoiceField(label="Cascade", choices=Cascade.choices, initial=Cascade.NONE)
     strategy = forms.ChoiceField(label="Order", choices=Strategy.choices, initial=Strategy.FORWARD)
@@ -128,19 +130,20 @@ class RequestForm(forms.Form):
 
 
 class DecisionForm(forms.Form):
-    comment = forms.CharField(label="Comment", required=False, max_length=4000,
+    comment = forms.CharField(label="Comment", required=False, max_length=4000, validators=[no_control_characters],
                               widget=forms.Textarea(attrs={"rows": 2}),
                               help_text="Required when rejecting: say what the requester should fix.")
 
 
 class HandoffDecisionForm(forms.Form):
-    comment = forms.CharField(label="Comment", required=False, max_length=4000,
+    comment = forms.CharField(label="Comment", required=False, max_length=4000, validators=[no_control_characters],
                               widget=forms.Textarea(attrs={"rows": 2}),
                               help_text="Required when declining: say why the downstream stays on its current version.")
 
 
 class ExplainForm(forms.Form):
     explanation = forms.CharField(label="Explanation", required=False, max_length=4000,
+                                  validators=[no_control_characters],
                                   widget=forms.Textarea(attrs={"rows": 2}),
                                   help_text="Why this interval's numbers differ (for example: late events from the "
                                             "gateway, now included).")
@@ -149,11 +152,12 @@ class ExplainForm(forms.Form):
 
 class SignoffForm(forms.Form):
     comment = forms.CharField(label="Sign-off comment", required=False, max_length=4000,
+                              validators=[no_control_characters],
                               widget=forms.Textarea(attrs={"rows": 2}))
 
 
 class RequestRollbackForm(forms.Form):
-    reason = forms.CharField(label="Why roll back", required=False, max_length=4000,
+    reason = forms.CharField(label="Why roll back", required=False, max_length=4000, validators=[no_control_characters],
                              widget=forms.Textarea(attrs={"rows": 2}),
                              help_text="Required. Every partition this request published goes back to its previous "
                                        "verified version, or none does.")
@@ -164,7 +168,7 @@ class RequestRollbackForm(forms.Form):
 class ReasonForm(forms.Form):
     # Not required here: the service refuses a blank reason with the same field error
     # for the page and the API.
-    reason = forms.CharField(label="Reason", required=False, max_length=4000,
+    reason = forms.CharField(label="Reason", required=False, max_length=4000, validators=[no_control_characters],
                              help_text="Required: the requester and auditors will read why it was cancelled.")
 
 

@@ -2,6 +2,7 @@ from rest_framework import serializers
 
 from backfill_portal.backfills.choices import Cascade, Strategy
 from backfill_portal.backfills.models import MAX_ACTIVE_INTERVALS_LIMIT, ApprovalStep, BackfillRequest, Interval
+from backfill_portal.core.text import no_control_characters
 
 INTERVALS_INLINE = 1000
 
@@ -13,7 +14,7 @@ class RequestCreateSerializer(serializers.Serializer):
     start = serializers.CharField(max_length=64, help_text="first partition, inclusive, in the dataset's timezone "
                                   "(YYYY-MM-DD daily, YYYY-MM monthly, ISO datetime with offset hourly)")
     end = serializers.CharField(max_length=64, help_text="last partition, inclusive")
-    reason = serializers.CharField(allow_blank=True, max_length=4000)
+    reason = serializers.CharField(allow_blank=True, max_length=4000, validators=[no_control_characters])
     cascade = serializers.ChoiceField(choices=Cascade.choices, default=Cascade.NONE)
     strategy = serializers.ChoiceField(choices=Strategy.choices, default=Strategy.FORWARD)
     max_active_intervals = serializers.IntegerField(default=4, min_value=1, max_value=MAX_ACTIVE_INTERVALS_LIMIT)
@@ -82,11 +83,11 @@ class SubmitSerializer(serializers.Serializer):
 
 
 class CommentSerializer(serializers.Serializer):
-    comment = serializers.CharField(allow_blank=True, default="", max_length=4000)
+    comment = serializers.CharField(allow_blank=True, default="", max_length=4000, validators=[no_control_characters])
 
 
 class ReasonSerializer(serializers.Serializer):
-    reason = serializers.CharField(allow_blank=True, default="", max_length=4000)
+    reason = serializers.CharField(allow_blank=True, default="", max_length=4000, validators=[no_control_characters])
 
 
 class IntervalSerializer(serializers.ModelSerializer):
