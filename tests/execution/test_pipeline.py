@@ -437,6 +437,12 @@ def test_cancel_stops_queued_runs_and_nothing_becomes_visible(personas, ready, w
     assert set(Interval.objects.filter(request=request).values_list("status", flat=True)) == {IntervalStatus.CANCELLED}
     for key in ("2022-10-01", "2022-10-02", "2022-10-03"):
         assert warehouse.current("dwd_order_items", key) is None
+    # What the cancel stopped is oscar's, with his reason (it was "system", "request
+    # cancelled": an auditor could not tell who stopped the runs).
+    stopped = AuditEvent.objects.filter(request_id=request.pk, action__in=["run.cancelled", "interval.cancelled"])
+    assert stopped.count() >= 4
+    assert {(e.actor.username if e.actor else None, e.reason) for e in stopped} == {
+        ("oscar", "request cancelled: wrong range")}
 
 
 def test_template_that_fails_to_render_fails_the_attempt_with_the_error_stored(personas, ready, warehouse):

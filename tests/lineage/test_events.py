@@ -179,7 +179,7 @@ def test_cancelled_runs_are_aborted(personas, ready, receiver, openlineage_spec)
         events = receiver.of_run(run_uuid(run.run_id))
         assert [e["eventType"] for e in events] == ["ABORT"]
         openlineage_spec.validate(events[0])
-        assert events[0]["run"]["facets"]["backfillPortal_run"]["reason"] == "request cancelled"
+        assert events[0]["run"]["facets"]["backfillPortal_run"]["reason"] == "request cancelled: wrong range"
 
 
 def test_a_rollback_is_told_on_both_runs_with_the_pointer_it_moved(personas, ready, receiver, openlineage_spec):

@@ -576,16 +576,17 @@ def backfill_request_cancel(*, actor, request_id, reason: str) -> BackfillReques
                 step.request = request
                 step_transition(step, to=StepStatus.CANCELLED, actor=actor, comment="request cancelled")
             intervals_bulk_transition(request, frm=IntervalStatus.PLANNED, to=IntervalStatus.CANCELLED, actor=actor,
-                                      reason="request cancelled")
+                                      reason=f"request cancelled: {reason}")
             # A failed request given up: its failed intervals will not be retried either.
             intervals_bulk_transition(request, frm=IntervalStatus.FAILED, to=IntervalStatus.CANCELLED, actor=actor,
-                                      reason="request cancelled")
+                                      reason=f"request cancelled: {reason}")
             if had_work:
                 # Once this commits, its runs (execution's) stop. That is a transaction of
                 # its own: if it fails (a worker moved a run meanwhile), the cancel still
                 # stands, and the sweeper stops what is left (robust: logged, not raised).
                 pk = request.pk
-                transaction.on_commit(lambda: run_control().stop_runs(request_id=pk), robust=True)
+                transaction.on_commit(lambda: run_control().stop_runs(request_id=pk, actor=actor, reason=reason),
+                                      robust=True)
         return request
 
     return run_again_if_deadlocked(cancel, what=f"cancelling request #{request.pk}")

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RunControl:
-    # stop_runs(request_id=) -> how many it stopped: active runs cancelled, their
-    # running attempts failed, open intervals cancelled.
+    # stop_runs(request_id=, actor=, reason=) -> how many it stopped: active runs
+    # cancelled, their running attempts failed, open intervals cancelled, each audited
+    # as the person's who cancelled (with their reason).
     stop_runs: Callable[..., int]
     # retry_failed(actor=, request_id=) -> the request: failed intervals queued again.
     retry_failed: Callable[..., object]

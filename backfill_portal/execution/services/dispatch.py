@@ -393,12 +393,14 @@ def _retry_failed(actor, request: BackfillRequest) -> BackfillRequest:
     return request
 
 
-def request_stop_runs(*, request_id: int) -> int:
-    """After a cancel commits (backfills calls it through its run control), and from the
-    sweeper when that hand-off was lost: queued and running work stops; nothing partial
+def request_stop_runs(*, request_id: int, actor=None, reason: str = "") -> int:
+    """After a cancel commits (backfills calls it through its run control, naming who
+    cancelled and why: the runs' audit rows are theirs), and from the sweeper when that
+    hand-off was lost (the system's): queued and running work stops; nothing partial
     becomes visible (the publish of a cancelled run is refused by its state). Returns
     how many runs and intervals it stopped (0: nothing was left, e.g. someone stopped
     them already)."""
+    why = f"request cancelled: {reason}" if reason else "request cancelled"
 
     def stop() -> int:
         stopped = 0
@@ -416,14 +418,14 @@ def request_stop_runs(*, request_id: int) -> int:
                               .values_list("interval_id", flat=True))
             for run in Run.objects.filter(request=request, status__in=RUN_ACTIVE - {RunStatus.VERIFIED}) \
                     .select_related("job__dataset"):
-                run_transition(run, to=RunStatus.CANCELLED, reason="request cancelled",
+                run_transition(run, to=RunStatus.CANCELLED, actor=actor, reason=why,
                                updates={"finished_at": timezone.now()})
                 stopped += 1
                 for attempt in Attempt.objects.filter(run=run, status=AttemptStatus.RUNNING).select_related("run"):
-                    attempt_transition(attempt, to=AttemptStatus.FAILED, reason="request cancelled",
+                    attempt_transition(attempt, to=AttemptStatus.FAILED, actor=actor, reason=why,
                                        updates={"finished_at": timezone.now(), "error": "cancelled"})
             for frm in (I.QUEUED, I.RUNNING, I.FAILED):
-                stopped += intervals_bulk_transition(request, frm=frm, to=I.CANCELLED, reason="request cancelled",
+                stopped += intervals_bulk_transition(request, frm=frm, to=I.CANCELLED, actor=actor, reason=why,
                                                      keep=publishing)
         return stopped
 
