@@ -114,6 +114,13 @@ def test_partition_rollback_restores_one_partition_and_offers_its_rebuild(person
     assert warehouse.current("dwd_order_items", "2022-10-01") == runs_by_day(bad)["2022-10-01"].run_id  # untouched
     bad.refresh_from_db()
     assert bad.status == RequestStatus.RECONCILING
+    # The bad run's API detail names the rollback away from it, as its page does (it
+    # listed only its own publish: the auditor's QA).
+    taken_run = runs_by_day(bad)["2022-10-02"].run_id
+    moves = api("audrey").get(f"/api/runs/{taken_run}/").json()["publications"]
+    assert [(m["action"], m["run_id"], m["previous_run_id"], m["actor"]) for m in moves][0] == (
+        "rollback", runs_by_day(good)["2022-10-02"].run_id, taken_run, "olivia")
+    assert [m["action"] for m in moves] == ["rollback", "publish"]
     # Its reconciliation is recomputed: the interval readers no longer see is not
     # "matched" (the exploratory test found it still was), the other one still is.
     ready.drain()

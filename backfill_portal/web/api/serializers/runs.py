@@ -1,3 +1,4 @@
+from django.db.models import Q
 from rest_framework import serializers
 
 from backfill_portal.execution.models import Attempt, CheckResult, Run
@@ -75,6 +76,8 @@ class RunDetailSerializer(RunSerializer):
         return VersionSerializer(version).data if version else None
 
     def get_publications(self, obj) -> list[dict]:
-        pubs = Publication.objects.filter(version__run=obj).select_related(
-            "dataset", "version__run", "previous_version__run", "actor")
+        """The pointer moves that made this run's version current or moved away from it
+        (a publish over it, a rollback of it), newest first, as the run's page lists them."""
+        pubs = (Publication.objects.filter(Q(version__run=obj) | Q(previous_version__run=obj))
+                .select_related("dataset", "version__run", "previous_version__run", "actor").order_by("-id")[:50])
         return PublicationSerializer(pubs, many=True).data
