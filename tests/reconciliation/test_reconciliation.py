@@ -326,6 +326,11 @@ def test_a_rollback_after_the_sign_off_is_named_with_what_readers_see_instead(pe
     lines = list(csv.reader(io.StringIO(api("audrey").get(f"/api/requests/{second.pk}/reconciliation.csv")
                                         .content.decode())))
     assert ["versions_current", "0"] in lines and ["versions_rolled_back", "2"] in lines
+    # The sign-off the numbers carry, as the page shows it (the export left it out).
+    exported = {line[0]: line[1] for line in lines if len(line) == 2}
+    assert (exported["signed_off_by"], exported["signoff_comment"], exported["request_status"]) == (
+        "olivia", "fine", "rolled_back")
+    assert exported["signed_off_at"] and exported["computed_at"]
     page = web_client(personas["audrey"]).get(f"/requests/{second.pk}/reconciliation/").content.decode()
     assert "(0 read now, 2 rolled back)" in page
 

@@ -156,6 +156,10 @@ class ReconciliationCSVRenderer(renderers.BaseRenderer):
         writer.writerow([])
         writer.writerow(["manifest", "value"])
         writer.writerow(["request", data.get("request")])
+        # Whose numbers these are: the request's state, when they were computed, and the
+        # sign-off that made them final (the page shows it; the export left it out).
+        for key in ("request_status", "computed_at", "signed_off_by", "signed_off_at", "signoff_comment"):
+            writer.writerow([key, _cell(data.get(key))])
         for key in ("intervals_planned", "runs_created", "verification_runs", "versions_published", "versions_current",
                     "versions_rolled_back", "recomputed"):
             writer.writerow([key, _cell(manifest.get(key))])
