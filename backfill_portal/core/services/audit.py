@@ -17,12 +17,17 @@ import functools
 import hashlib
 import hmac
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import QuerySet, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.rows import insert_row, insert_rows
@@ -363,6 +368,43 @@ class AuditCheck:
         return not self.problem
 
 
+def audit_events_read(events: QuerySet, *, chunk_size: int = 2000) -> Iterator[AuditEvent]:
+    """The events of `events` in its order, each one readable whatever its row holds.
+
+    SQLite keeps any text in any column, and Django's reader of a timestamp it cannot
+    parse returns None ('garbage', 12345) or raises in the middle of a fetch
+    ('2026-13-45 10:00'), losing the rows fetched with it. There `at` is read as text
+    and parsed here as Django parses it. An event whose timestamp cannot be read has
+    `at` None and the stored text in `at_unreadable` (None when it reads). PostgreSQL's
+    typed columns cannot hold such a value, so it is read as it is."""
+    if connection.vendor != "sqlite":
+        for event in events.iterator(chunk_size=chunk_size):
+            event.at_unreadable = None
+            yield event
+        return
+    for event in events.defer("at").annotate(at_text=Cast("at", TextField())).iterator(chunk_size=chunk_size):
+        event.at = _stored_datetime(event.at_text)
+        event.at_unreadable = None if event.at is not None else str(event.at_text)
+        yield event
+
+
+def _stored_datetime(text) -> datetime | None:
+    """A timestamp stored by Django's SQLite backend, as it reads one (aware, in the
+    connection's time zone), or None when the text is not one."""
+    try:
+        value = parse_datetime(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    if value is not None and settings.USE_TZ and timezone.is_naive(value):
+        value = timezone.make_aware(value, connection.timezone)
+    return value
+
+
+def _where(event: AuditEvent) -> str:
+    when = f"{event.at:%Y-%m-%d %H:%M:%S}" if event.at_unreadable is None else f"{event.at_unreadable!r}"
+    return f"event #{event.pk} ({event.action} by {event.actor_name} at {when})"
+
+
 def _walk(*, start: Anchor | None = None, until_id: int | None = None, anchor: Anchor | None = None) -> AuditCheck:
     """Walk the chain in id order and stop at the first event that does not verify:
     from an anchor's head (trusted) when `start` is given, up to `until_id` when given,
@@ -380,13 +422,15 @@ def _walk(*, start: Anchor | None = None, until_id: int | None = None, anchor: A
     def stop(event: AuditEvent | None, problem: str, **extra) -> AuditCheck:
         return AuditCheck(checked, legacy, prev_id, prev, broken=event, anchor=anchor, problem=problem, **extra)
 
-    for event in events.iterator(chunk_size=2000):
-        where = f"event #{event.pk} ({event.action} by {event.actor_name} at {event.at:%Y-%m-%d %H:%M:%S})"
+    for event in audit_events_read(events):
+        where = _where(event)
+        # No writer signs a timestamp that is not a time: such a row was edited.
+        readable = event.at_unreadable is None
         if not event.key_id:
             if keyed:
                 return stop(event, f"audit chain broken at {where}: an unkeyed event after keyed ones; "
                                    f"{checked} event(s) before it verify")
-            valid = event.prev_hash == prev and event.hash == event_hash(prev, hashed_fields(event))
+            valid = readable and event.prev_hash == prev and event.hash == event_hash(prev, hashed_fields(event))
         else:
             if prev_id is not None and event.pk != prev_id + 1:
                 missing = f"#{prev_id + 1}" + (f"..#{event.pk - 1}" if event.pk - 1 > prev_id + 1 else "")
@@ -398,11 +442,12 @@ def _walk(*, start: Anchor | None = None, until_id: int | None = None, anchor: A
                 return stop(event, f"audit chain cannot be verified at {where}: it is signed with audit key "
                                    f"{event.key_id!r}, which is not configured (AUDIT_KEY / AUDIT_OLD_KEYS); "
                                    f"{checked} event(s) before it verify")
-            valid = event.prev_hash == prev and hmac.compare_digest(
+            valid = readable and event.prev_hash == prev and hmac.compare_digest(
                 event.hash, event_mac(prev, hashed_fields(event), event_id=event.pk, key_id=event.key_id, key=key))
             keyed = True
         if not valid:
-            return stop(event, f"audit chain broken at {where}; {checked} event(s) before it verify")
+            altered = "" if readable else ": its timestamp was altered into one that is not a time"
+            return stop(event, f"audit chain broken at {where}{altered}; {checked} event(s) before it verify")
         if anchor is not None and event.pk == anchor.last_id and (event.hash, checked + 1) != (anchor.hash, anchor.count):
             return stop(event, f"audit log differs from its anchor of {anchor.when} at {where}: the anchor recorded "
                                f"{anchor.count} event(s) up to it with hash {anchor.hash[:12]}..., the log has "

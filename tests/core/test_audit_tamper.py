@@ -1,0 +1,47 @@
+"""The database owner's edits verify_audit must name plainly: a value its column cannot
+read back, the first event deleted, and what no anchor covers yet."""
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from backfill_portal.core.services.audit import audit_verify
+from tests.core.test_audit import activity, anchor, history, tamper, verify_fails  # noqa: F401 (fixtures)
+
+sqlite_only = pytest.mark.skipif(connection.vendor != "sqlite",
+                                 reason="PostgreSQL's typed columns refuse a value that is not a time or JSON")
+
+
+@sqlite_only
+@pytest.mark.parametrize("stored", ["garbage", "2026-13-45 10:00:00", 12345])
+def test_verify_audit_names_an_event_whose_timestamp_is_not_a_time(history, stored):
+    """Django read 'garbage' as None and crashed formatting it; '2026-13-45' raised in
+    the middle of a fetch."""
+    target = history[12]
+    tamper("UPDATE core_auditevent SET at=%s WHERE id=%s", [stored, target])
+    message = verify_fails()
+    assert message.startswith(f"audit chain broken at event #{target} (")
+    assert f"at {str(stored)!r}): its timestamp was altered" in message
+    assert message.endswith(f"; {history.index(target)} event(s) before it verify")
+    checked, broken = audit_verify()
+    assert (checked, broken.pk) == (history.index(target), target)
+    with pytest.raises(CommandError, match=f"not anchored: audit chain broken at event #{target} "):
+        call_command("anchor_audit", stdout=StringIO())
+
+
+@sqlite_only
+def test_verify_audit_names_an_event_whose_data_is_not_json(history):
+    target = history[12]
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA ignore_check_constraints = ON")  # the JSON_VALID check
+        try:
+            tamper("UPDATE core_auditevent SET data='{not json' WHERE id=%s", [target])
+        finally:
+            cursor.execute("PRAGMA ignore_check_constraints = OFF")
+    message = verify_fails()
+    assert message.startswith(f"audit chain broken at event #{target} (")
+    assert message.endswith(f"; {history.index(target)} event(s) before it verify")
