@@ -522,6 +522,11 @@ def test_run_and_partition_api_show_attempts_checks_pins_version_and_history(per
     assert [p["run_id"] for p in part["publications"]][:2] == [run.run_id, body["expected_previous_run_id"]]
     assert api("audrey").get("/api/datasets/dwd_order_items/partitions/1999-01-01/").status_code == 404
     assert api("audrey").get("/api/runs/run_nope/").status_code == 404
+    # Listed by the dataset they write, as the runs page filters (the API ignored ?dataset=).
+    written = api("audrey").get("/api/runs/", {"dataset": "dwd_order_items"}).json()["results"]
+    assert {r["run_id"] for r in written} == set(Run.objects.filter(job__dataset__name="dwd_order_items")
+                                                 .values_list("run_id", flat=True))
+    assert api("audrey").get("/api/runs/", {"dataset": "no_such"}).json()["results"] == []
 
 
 def test_scheduler_creates_one_production_run_per_scheduled_job_and_closed_interval(personas, ready, warehouse):
