@@ -45,3 +45,34 @@ def test_verify_audit_names_an_event_whose_data_is_not_json(history):
     message = verify_fails()
     assert message.startswith(f"audit chain broken at event #{target} (")
     assert message.endswith(f"; {history.index(target)} event(s) before it verify")
+
+
+def test_verify_audit_names_the_first_event_deleted_by_its_id(history):
+    """It said 'chain broken at event #2; 0 event(s) before it verify', as for an edit."""
+    anchor()
+    first = history[0]
+    tamper("DELETE FROM core_auditevent WHERE id=%s", [first])
+    message = verify_fails()
+    assert message.startswith(f"audit chain broken at event #{first + 1} (")
+    assert message.endswith(f": event(s) #{first} missing (first missing id #{first}); 0 event(s) before it verify")
+
+
+def test_verify_audit_names_the_first_events_deleted_by_their_ids(history):
+    anchor()
+    tamper("DELETE FROM core_auditevent WHERE id<=%s", [history[2]])
+    assert f"event(s) #{history[0]}..#{history[2]} missing (first missing id #{history[0]})" in verify_fails()
+
+
+def test_verify_audit_without_an_anchor_says_events_before_the_first_are_missing(history):
+    tamper("DELETE FROM core_auditevent WHERE id<=%s", [history[2]])
+    message = verify_fails()
+    assert message.startswith(f"audit chain broken at event #{history[3]} (")
+    assert f"the event(s) before it are missing, up to #{history[2]} (" in message
+
+
+def test_an_edited_first_event_is_still_an_edit_not_a_deletion(history):
+    tamper("DELETE FROM core_auditevent WHERE id=%s", [history[0]])
+    tamper("UPDATE core_auditevent SET reason='x' WHERE id=%s", [history[1]])
+    message = verify_fails()
+    assert message.startswith(f"audit chain broken at event #{history[1]} (")
+    assert message.endswith("); 0 event(s) before it verify") and "missing" not in message

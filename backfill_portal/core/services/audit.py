@@ -405,6 +405,29 @@ def _where(event: AuditEvent) -> str:
     return f"event #{event.pk} ({event.action} by {event.actor_name} at {when})"
 
 
+def _missing_before_first(event: AuditEvent, anchor: Anchor | None, readable: bool) -> tuple[str, int | None] | None:
+    """When the log's first event is not the chain's first: (what is missing, the first
+    missing id if known), else None. The anchor records the first id; without one, an
+    event whose own link verifies but follows a hash other than the genesis one had
+    events before it."""
+    if anchor is not None and anchor.first_id is not None and event.pk > anchor.first_id:
+        missing = f"#{anchor.first_id}" + (f"..#{event.pk - 1}" if event.pk - 1 > anchor.first_id else "")
+        return f"event(s) {missing} missing (first missing id #{anchor.first_id})", anchor.first_id
+    if not readable or event.prev_hash == GENESIS_HASH:
+        return None
+    if event.key_id:
+        key = signing_key(event.key_id)
+        linked = key is not None and hmac.compare_digest(event.hash, event_mac(
+            event.prev_hash, hashed_fields(event), event_id=event.pk, key_id=event.key_id, key=key))
+        up_to = f", up to #{event.pk - 1}"  # a keyed event follows the id before it
+    else:
+        linked, up_to = event.hash == event_hash(event.prev_hash, hashed_fields(event)), ""
+    if not linked:
+        return None
+    return (f"the event(s) before it are missing{up_to} (it is signed as following another; no anchor records "
+            "the first id)"), None
+
+
 def _walk(*, start: Anchor | None = None, until_id: int | None = None, anchor: Anchor | None = None) -> AuditCheck:
     """Walk the chain in id order and stop at the first event that does not verify:
     from an anchor's head (trusted) when `start` is given, up to `until_id` when given,
@@ -426,6 +449,9 @@ def _walk(*, start: Anchor | None = None, until_id: int | None = None, anchor: A
         where = _where(event)
         # No writer signs a timestamp that is not a time: such a row was edited.
         readable = event.at_unreadable is None
+        if prev_id is None and (missing := _missing_before_first(event, anchor, readable)):
+            return stop(event, f"audit chain broken at {where}: {missing[0]}; {checked} event(s) before it verify",
+                        first_missing_id=missing[1])
         if not event.key_id:
             if keyed:
                 return stop(event, f"audit chain broken at {where}: an unkeyed event after keyed ones; "
