@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from backfill_portal.core.services.audit import audit_verify
+from backfill_portal.core.services.audit import audit_record, audit_verify
 from tests.core.test_audit import activity, anchor, history, tamper, verify_fails  # noqa: F401 (fixtures)
 
 sqlite_only = pytest.mark.skipif(connection.vendor != "sqlite",
@@ -76,3 +76,35 @@ def test_an_edited_first_event_is_still_an_edit_not_a_deletion(history):
     message = verify_fails()
     assert message.startswith(f"audit chain broken at event #{history[1]} (")
     assert message.endswith("); 0 event(s) before it verify") and "missing" not in message
+
+
+def verify_passes() -> str:
+    out = StringIO()
+    call_command("verify_audit", stdout=out)
+    return out.getvalue().strip()
+
+
+def test_verify_audit_counts_the_events_no_anchor_covers_yet(history):
+    """Deleting the newest events written after the anchor cannot be proven from it; it
+    said 'intact … matches its anchor' and nothing about them."""
+    anchor()
+    for n in range(5):
+        audit_record(actor=None, action="test.after_anchor", object_type="test", object_id=n)
+    message = verify_passes()
+    assert message.startswith(f"audit log intact: {len(history) + 5} event(s) verified; matches its anchor of ")
+    assert message.endswith(f"({len(history)} event(s) up to #{history[-1]}); 5 event(s) after #{history[-1]} are "
+                            "not anchored yet: their deletion could not be detected until the next anchor "
+                            "(manage.py anchor_audit)")
+
+    tamper("DELETE FROM core_auditevent WHERE id>%s", [history[-1] + 2])
+    assert "; 2 event(s) after #%d are not anchored yet" % history[-1] in verify_passes()
+
+    anchor()
+    assert "not anchored yet" not in verify_passes()
+
+
+def test_verify_audit_counts_every_event_after_an_anchor_of_the_empty_log(db):
+    anchor()
+    audit_record(actor=None, action="test.after_anchor", object_type="test", object_id=1)
+    assert verify_passes().endswith("; 1 event(s) are not anchored yet: their deletion could not be detected "
+                                    "until the next anchor (manage.py anchor_audit)")

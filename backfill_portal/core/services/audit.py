@@ -367,6 +367,12 @@ class AuditCheck:
     def intact(self) -> bool:
         return not self.problem
 
+    @property
+    def unanchored(self) -> int:
+        """Events verified after the anchor's head: no anchor covers them yet, so their
+        deletion could not be detected until the next anchor."""
+        return max(self.checked - self.anchor.count, 0) if self.anchor is not None and self.intact else 0
+
 
 def audit_events_read(events: QuerySet, *, chunk_size: int = 2000) -> Iterator[AuditEvent]:
     """The events of `events` in its order, each one readable whatever its row holds.

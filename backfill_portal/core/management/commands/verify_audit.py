@@ -18,4 +18,8 @@ class Command(PortalCommand):
         else:
             against = (f"; matches its anchor of {check.anchor.when} "
                        f"({check.anchor.count} event(s) up to #{check.anchor.last_id})")
+            if check.unanchored:
+                after = f" after #{check.anchor.last_id}" if check.anchor.last_id is not None else ""
+                against += (f"; {check.unanchored} event(s){after} are not anchored yet: their deletion could not "
+                            "be detected until the next anchor (manage.py anchor_audit)")
         self.stdout.write(f"audit log intact: {check.checked} event(s) verified{legacy}{against}")
