@@ -37,3 +37,25 @@ def test_audit_csv_exports_an_event_whose_timestamp_is_not_a_time_as_stored(hist
     by_id = {int(r["id"]): r for r in rows}
     assert by_id[target]["at"] == stored and by_id[target]["action"]
     assert by_id[target - 1]["at"] == AuditEvent.objects.get(pk=target - 1).at.isoformat()
+
+
+def test_audit_csv_has_the_key_id_each_event_is_signed_with(activity, audrey_client, settings):
+    """The signature covers the key id and the API shows it; the CSV left it out."""
+    response = audrey_client.get(reverse("audit"), {"format": "csv"})
+    rows = exported(response)
+    assert list(rows[0])[-1] == "key_id"
+    assert {int(r["id"]): r["key_id"] for r in rows} == dict(AuditEvent.objects.values_list("id", "key_id"))
+    assert {r["key_id"] for r in rows} == {settings.AUDIT_KEY_ID}
+
+
+@pytest.mark.parametrize("query", [{"since": "2026-13-45"}, {"until": "last tuesday"}, {"request": "x"}])
+def test_audit_csv_with_a_bad_filter_is_a_400_naming_the_field_as_the_page(activity, audrey_client, query):
+    """It was a 200 with the header row alone, as if nothing matched."""
+    (field,) = query
+    for params in ({**query, "format": "csv"}, query):
+        response = audrey_client.get(reverse("audit"), params)
+        assert response.status_code == 400 and response["Content-Type"].startswith("text/html")
+        assert "Content-Disposition" not in response
+        html = response.content.decode()
+        assert f'id="id_{field}_error"' in html
+        assert ("Enter a whole number." if field == "request" else "Enter a valid date/time.") in html

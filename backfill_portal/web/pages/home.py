@@ -122,8 +122,9 @@ def _dataset_health(owned: list[Dataset], failing: list, contaminated: list[dict
 # --- Audit ------------------------------------------------------------------------------
 
 
+# key_id last: columns are only ever added at the end, for readers that go by position.
 CSV_COLUMNS = ["id", "at", "actor", "action", "object_type", "object_id", "request_id", "dataset",
-               "from_state", "to_state", "reason", "data", "prev_hash", "hash"]
+               "from_state", "to_state", "reason", "data", "prev_hash", "hash", "key_id"]
 
 
 class _Echo:
@@ -141,23 +142,23 @@ def _csv_rows(qs):
         yield writer.writerow([
             e.pk, at, e.actor_name, e.action, e.object_type, e.object_id,
             e.request_id, e.dataset, e.from_state, e.to_state, e.reason, json.dumps(e.data, sort_keys=True),
-            e.prev_hash, e.hash,
+            e.prev_hash, e.hash, e.key_id,
         ])
 
 
 @login_required
 def audit(request):
-    """Every authenticated role may read the audit log (as in the API)."""
+    """Every authenticated role may read the audit log (as in the API). Bad filters are
+    a 400 that names the field, the CSV export's too (as the runs list and the API)."""
     form = AuditFilterForm(request.GET or None)
+    ctx = {"form": form, "keep_query": query_without(request, "before", "format"),
+           "csv_query": query_without(request, "before", "format")}
+    if form.is_bound and not form.is_valid():
+        return render_page(request, "core/audit.html", {**ctx, "page": None}, status=400)
     qs = form.filter(AuditEvent.objects.all()) if form.is_bound else AuditEvent.objects.all()
     if request.GET.get("format") == "csv":
         stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
         response = StreamingHttpResponse(_csv_rows(qs.order_by("-id")), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.csv"'
         return response
-    page = keyset_page(qs, request.GET.get("before"))
-    return render_page(request, "core/audit.html", {
-        "form": form, "page": page,
-        "keep_query": query_without(request, "before", "format"),
-        "csv_query": query_without(request, "before", "format"),
-    })
+    return render_page(request, "core/audit.html", {**ctx, "page": keyset_page(qs, request.GET.get("before"))})
