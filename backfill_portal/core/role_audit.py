@@ -1,6 +1,8 @@
 """Audit rows for every change of a user's roles: group membership (roles are groups,
 core/roles.py), the flags that grant power (`is_superuser`, `is_staff`, `is_active`),
-and the deletion of a user who held roles or of a group that is a role.
+and the deletion of a user who held roles or of a group that is a role; and for the
+account changes that decide who can act as whom: a user created, a password set or
+changed (by the user, an admin's form or `changepassword`), a username changed.
 
 Receivers, not a service, and on purpose: STYLE.md has the change's own service write
 its audit row, but roles change where no service of ours runs: Django's admin (the user
@@ -35,6 +37,7 @@ from backfill_portal.core.roles import (
     FLAGS,
     Role,
     group_delete_record,
+    user_account_change_record,
     user_delete_record,
     user_flags_change_record,
     user_groups_change_record,
@@ -77,19 +80,33 @@ def on_groups_changed(sender, instance, action, reverse, model, pk_set, **kwargs
 
 
 def on_user_pre_save(sender, instance, raw, update_fields, **kwargs) -> None:
-    """Remember the flags the database has before a save that may change them (a save
-    of other fields only, such as the last_login of every sign-in, reads nothing)."""
-    if raw or (update_fields is not None and not set(update_fields) & set(FLAGS)):
+    """Remember the flags and username the database has before a save that may change
+    them (a save of other fields only, such as the last_login of every sign-in, or the
+    hash upgrade of a password that did not change, reads nothing)."""
+    if raw or (update_fields is not None and not set(update_fields) & {*FLAGS, "username"}):
         instance._bp_flags_before = _UNCHANGED
         return
     instance._bp_flags_before = (None if instance.pk is None else
-                                 sender.objects.filter(pk=instance.pk).values(*FLAGS).first())
+                                 sender.objects.filter(pk=instance.pk).values("username", *FLAGS).first())
 
 
 def on_user_post_save(sender, instance, created, raw, **kwargs) -> None:
     before = instance.__dict__.pop("_bp_flags_before", _UNCHANGED)
+    if raw:
+        return
+    # set_password leaves the new password on the instance until its save ends; a hash
+    # upgrade at sign-in clears it first (Django: "hash upgrades shouldn't be
+    # considered password changes").
+    password_set = getattr(instance, "_password", None) is not None
+    old_name = before.get("username") if isinstance(before, dict) else None
+    renamed_from = old_name if old_name is not None and old_name != instance.get_username() else None
+    if created or password_set or renamed_from is not None:
+        user_account_change_record(actor=request_actor(), user=instance, created=created, password_set=password_set,
+                                   renamed_from=renamed_from)
     if before is _UNCHANGED:
         return
+    if before is not None:
+        before = {flag: before[flag] for flag in FLAGS}
     instance.__dict__.pop("_bp_roles", None)
     after = {"pk": instance.pk, "username": instance.get_username(), **{flag: getattr(instance, flag) for flag in FLAGS}}
     groups = [] if created else list(instance.groups.values_list("name", flat=True))

@@ -132,6 +132,25 @@ def user_delete_record(*, actor, before: dict) -> None:
                  reason=f"{before['username']}: deleted, with the roles {', '.join(roles)}", data=data)
 
 
+def user_account_change_record(*, actor, user, created: bool, password_set: bool, renamed_from: str | None) -> None:
+    """The account changes that decide who can act as whom, each a row: a user created
+    (`user.created`), a password set or changed by anyone (`user.password`: an admin
+    who resets someone's password could sign in as them; never the hash), a username
+    changed (`user.renamed`: the audit log names actors by it)."""
+    username = user.get_username()
+    if created:
+        audit_record(actor=actor, action="user.created", object_type="user", object_id=user.pk,
+                     reason=f"{username}: created" + (" with a password" if password_set else ""),
+                     data={"username": username, "password_set": password_set, "is_active": user.is_active})
+    elif password_set:
+        audit_record(actor=actor, action="user.password", object_type="user", object_id=user.pk,
+                     reason=f"{username}: password " + ("set" if user.has_usable_password() else "made unusable"),
+                     data={"username": username, "by_self": getattr(actor, "pk", None) == user.pk})
+    if renamed_from is not None and not created:
+        audit_record(actor=actor, action="user.renamed", object_type="user", object_id=user.pk,
+                     reason=f"{renamed_from} is now {username}", data={"before": renamed_from, "after": username})
+
+
 def user_flags_change_record(*, actor, before: dict | None, after: dict, groups) -> None:
     """One `user.flags` row: the power flags that changed (`before` None: a new user,
     recorded when it starts out with power), with the roles before and after."""

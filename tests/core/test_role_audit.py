@@ -293,3 +293,45 @@ def test_renaming_a_role_group_is_not_audited(oscar):
     oncall.save()
     assert not has_role(User.objects.get(pk=oscar.pk), Role.ONCALL)
     assert AuditEvent.objects.filter(pk__gt=since).count() == 0
+
+
+# --- the account: who can act as whom ------------------------------------------------------
+
+
+def test_an_admin_resetting_a_password_creating_a_user_or_renaming_one_is_audited(personas, admin_client):
+    """The auditor's QA: an admin could reset olivia's password in the admin, sign in as
+    her and approve, and the audit log held nothing of the reset. Never the hash."""
+    olivia = personas["olivia"]
+    since = last_event_id()
+    response = admin_client.post(f"/admin/auth/user/{olivia.pk}/password/",
+                                 {"password1": "N3w-secret-pw!", "password2": "N3w-secret-pw!",
+                                  "usable_password": "true"})
+    assert response.status_code == 302, response.content.decode()[:500]
+    [reset] = events_since(since, "user.password")
+    assert (reset.actor_name, reset.object_id, reset.reason) == ("admin", str(olivia.pk), "olivia: password set")
+    assert reset.data == {"username": "olivia", "by_self": False}
+    assert "N3w-secret-pw!" not in str(reset.data) and olivia.password[:20] not in str(reset.data)
+
+    since = last_event_id()
+    response = admin_client.post("/admin/auth/user/add/", {"username": "mallory", "password1": "Xy-98765-pw!",
+                                                           "password2": "Xy-98765-pw!", "usable_password": "true"})
+    assert response.status_code == 302, response.content.decode()[:500]
+    [created] = events_since(since, "user.created")
+    assert (created.actor_name, created.reason) == ("admin", "mallory: created with a password")
+    assert not events_since(since, "user.password")  # the creation says it
+
+    mallory = User.objects.get(username="mallory")
+    since = last_event_id()
+    mallory.username = "mallory2"
+    mallory.save()
+    [renamed] = events_since(since, "user.renamed")
+    assert renamed.reason == "mallory is now mallory2"
+    assert audit_verify() == (AuditEvent.objects.count(), None)
+
+
+def test_signing_in_or_a_password_hash_upgrade_is_no_password_change(personas):
+    since = last_event_id()
+    signed_in = Client().post("/login/", {"username": "olivia", "password": "pw-olivia"})
+    assert signed_in.status_code == 302
+    User.objects.get(username="olivia").check_password("pw-olivia")  # may upgrade the hash: not a change
+    assert not events_since(since, "user.password")

@@ -76,7 +76,8 @@ def test_audit_lists_events_newest_first_with_filters(web, make_request):
     client = web("audrey")
     html = client.get(reverse("audit")).content.decode()
     ids = [int(chunk.split("<")[0]) for chunk in html.split('<td class="num">')[1:]]
-    assert ids == sorted(ids, reverse=True) and len(ids) == AuditEvent.objects.count()
+    newest = list(AuditEvent.objects.order_by("-id").values_list("id", flat=True)[:50])  # one page
+    assert ids == newest
     html = client.get(reverse("audit"), {"request": a.pk}).content.decode()
     assert f'href="/requests/{a.pk}/"' in html and f'href="/requests/{b.pk}/"' not in html
     html = client.get(reverse("audit"), {"actor": "sam", "action": "request."}).content.decode()
