@@ -21,7 +21,7 @@ from backfill_portal.backfills.selectors import request_get
 from backfill_portal.backfills.services.lifecycle import request_fail, request_reconciling, request_resume_after_failure
 from backfill_portal.backfills.services.requests import request_lock
 from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition, intervals_transition
-from backfill_portal.catalog.models import Job
+from backfill_portal.catalog.models import CodeVersion, Job
 from backfill_portal.core.errors import ConflictError, NotFound
 from backfill_portal.core.retry import run_again_if_deadlocked
 from backfill_portal.core.services.audit import audit_batch, audit_record, audit_serialise
@@ -261,12 +261,17 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
                 partition_key=interval.partition_key, data_interval_start=interval.start,
                 data_interval_end=interval.end, code_version_id=interval.code_version_id, enqueued_at=now,
             ) for interval in candidates])
+            # The code each run will execute, by its hash: what an auditor can compare
+            # with the catalog and the repository (the row's id alone says nothing).
+            code_hashes = dict(CodeVersion.objects.filter(pk__in={r.code_version_id for r in runs})
+                               .values_list("pk", "hash"))
             for run in runs:
                 job = run.job
                 audit_record(actor=None, action="run.created", object_type="run", object_id=run.pk,
                              request_id=request.pk, dataset=job.dataset.name, to_state=RunStatus.QUEUED,
                              data={"run_id": run.run_id, "partition": run.partition_key, "run_type": run.run_type,
-                                   "code_version": run.code_version_id})
+                                   "code_version": run.code_version_id,
+                                   "code_hash": code_hashes.get(run.code_version_id)})
                 queued.setdefault(job.pk, []).append(run)
                 created += 1
             for job_id, runs in queued.items():

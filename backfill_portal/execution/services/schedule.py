@@ -37,7 +37,9 @@ def schedule_production(*, now=None, jobs: list[str] | None = None) -> list[str]
                                      code_version=job.current_code_version)
             audit_record(actor=None, action="run.created", object_type="run", object_id=run.pk, dataset=ds.name,
                          to_state=RunStatus.QUEUED,
-                         data={"run_id": run.run_id, "partition": key, "run_type": RunType.SCHEDULED})
+                         data={"run_id": run.run_id, "partition": key, "run_type": RunType.SCHEDULED,
+                               "code_version": job.current_code_version.pk,
+                               "code_hash": job.current_code_version.hash})
             enqueue_execute(run)
             created.append(run.run_id)
     return created

@@ -311,7 +311,8 @@ def publish_record(run: Run, *, actor, dispatch: bool = True) -> str:
         if previous_version is not None and previous_version.run.status == S.PUBLISHED:
             run_transition(previous_version.run, to=S.SUPERSEDED, reason=f"superseded by {run.run_id}")
         run_transition(run, to=S.PUBLISHED, actor=actor, updates={"finished_at": timezone.now()},
-                       data={"previous": expected, "row_count": version.row_count})
+                       data={"previous": expected, "row_count": version.row_count,
+                             "fingerprint": version.fingerprint, "read": inputs_read([run.pk]).get(run.pk, [])})
         insert_row(Publication(dataset=dataset, partition_key=run.partition_key, version=version,
                                previous_version=previous_version, action=Publication.Action.PUBLISH,
                                actor=actor, request=run.request, published_at=timezone.now()))
@@ -322,6 +323,20 @@ def publish_record(run: Run, *, actor, dispatch: bool = True) -> str:
                 dispatch_after_publication(run.request_id)
     logger.info("published %s/%s (previous %s)", dataset.name, run.partition_key, expected)
     return "published"
+
+
+def inputs_read(run_pks: list[int]) -> dict[int, list[str]]:
+    """{run pk: the inputs it read pinned, "dataset/partition@run_id" for a version and
+    "dataset/partition@rows=N,max=T" for a source's watermark}: what a publication's
+    audit row carries, so the chained log itself says what the published numbers were
+    built from (the consumption rows alone could be edited unnoticed)."""
+    out: dict[int, list[str]] = {}
+    for run_pk, dataset, partition, run_id, watermark in (
+            Consumption.objects.filter(run_id__in=run_pks).order_by("run_id", "dataset__name", "partition_key")
+            .values_list("run_id", "dataset__name", "partition_key", "version__run__run_id", "watermark")):
+        pinned = run_id or ",".join(f"{k}={v}" for k, v in sorted((watermark or {}).items()))
+        out.setdefault(run_pk, []).append(f"{dataset}/{partition}@{pinned}")
+    return out
 
 
 def publish_records(runs: list[Run]) -> None:
@@ -345,8 +360,10 @@ def publish_records(runs: list[Run]) -> None:
             successor[version.run.pk] = run
     runs_transition([version.run for version in previous.values() if version.run.status == S.PUBLISHED],
                     to=S.SUPERSEDED, reason=lambda old: f"superseded by {successor[old.pk].run_id}")
+    read = inputs_read([run.pk for run in runs])
     runs_transition(runs, to=S.PUBLISHED, updates={"finished_at": now},
-                    data=lambda run: {"previous": expected[run.pk], "row_count": versions[run.pk].row_count})
+                    data=lambda run: {"previous": expected[run.pk], "row_count": versions[run.pk].row_count,
+                                      "fingerprint": versions[run.pk].fingerprint, "read": read.get(run.pk, [])})
     insert_new_rows([
         Publication(dataset=run.job.dataset, partition_key=run.partition_key, version=versions[run.pk],
                     previous_version=previous.get(expected[run.pk]), action=Publication.Action.PUBLISH,
@@ -410,7 +427,8 @@ def second_rerun_start(run: Run) -> Run:
                  request_id=run.request_id, dataset=run.job.dataset.name, to_state=S.QUEUED,
                  reason=f"second-rerun verification of {run.run_id}",
                  data={"run_id": verification.run_id, "partition": run.partition_key, "run_type": RunType.VERIFICATION,
-                       "verifies": run.run_id, "code_version": run.code_version_id})
+                       "verifies": run.run_id, "code_version": run.code_version_id,
+                       "code_hash": run.code_version.hash if run.code_version_id else None})
     enqueue_execute(verification)
     logger.info("checks passed; second rerun %s queued before publishing", verification.run_id)
     return verification
