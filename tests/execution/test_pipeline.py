@@ -443,6 +443,14 @@ def test_cancel_stops_queued_runs_and_nothing_becomes_visible(personas, ready, w
     assert stopped.count() >= 4
     assert {(e.actor.username if e.actor else None, e.reason) for e in stopped} == {
         ("oscar", "request cancelled: wrong range")}
+    # Its page says so, not "waiting for a worker" (the auditor's QA).
+    from django.test import Client
+
+    client = Client()
+    client.force_login(personas["audrey"])
+    page = client.get(f"/runs/{Run.objects.filter(request=request).first().run_id}/").content.decode()
+    assert "by oscar: “request cancelled: wrong range”" in page
+    assert "cancelled before a worker took it" in page and "waiting for a worker" not in page
 
 
 def test_template_that_fails_to_render_fails_the_attempt_with_the_error_stored(personas, ready, warehouse):
@@ -479,6 +487,14 @@ def test_downstream_pins_the_upstream_versions_it_read(personas, ready, warehous
     # version's total, and the rollup's own total agrees with it.
     assert measure.observed["source"] == pytest.approx(upstream_total, abs=0.01)
     assert measure.observed["version"] == pytest.approx(float(total), abs=0.01)
+    # The chained audit log itself says what was built from what, and by which code:
+    # the publication's row names the pinned input and the fingerprint, the creation's
+    # the code's hash (an edited consumption row could not be noticed before).
+    published = AuditEvent.objects.get(action="run.published", object_id=str(run.pk))
+    assert f"dwd_order_items/2022-10-01@{upstream_run.run_id}" in published.data["read"]
+    assert published.data["fingerprint"] == run.version.fingerprint
+    created = AuditEvent.objects.get(action="run.created", object_id=str(run.pk))
+    assert created.data["code_hash"] == run.code_version.hash
 
 
 @ALSO_ON_ICEBERG

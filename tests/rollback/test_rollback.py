@@ -144,6 +144,18 @@ def test_partition_rollback_restores_one_partition_and_offers_its_rebuild(person
     child = BackfillRequest.objects.get(pk=filed.json()["requests"][0])
     assert (child.first_partition, child.last_partition, child.parent_id) == ("2022-10-02", "2022-10-02", bad.pk)
 
+    # The request's own page says what was rolled back, by whom and why (the auditor's
+    # QA: it said "1 rolled back", and who and why took a click to each partition).
+    from django.test import Client
+
+    client = Client()
+    client.force_login(personas["audrey"])
+    page = client.get(f"/requests/{bad.pk}/").content.decode()
+    section = page[page.index('id="rolled-back"'):page.index("</section>", page.index('id="rolled-back"'))]
+    assert "Rolled back: 1 partition this request published" in section
+    assert taken_run in section and runs_by_day(good)["2022-10-02"].run_id in section
+    assert "<td>olivia</td>" in section and "<td>doubled</td>" in section
+
     # The rest of the request can still be rolled back: only what is left moves.
     response = api("oscar").post(f"/api/requests/{bad.pk}/rollback/", {"reason": "the rest"}, format="json")
     assert response.status_code == 200

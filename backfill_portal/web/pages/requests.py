@@ -60,6 +60,7 @@ from backfill_portal.backfills.services.lifecycle import request_pause, request_
 from backfill_portal.execution.services.dispatch import request_retry_failed
 from backfill_portal.warehouse.services.outage import warehouse_outage_current
 from backfill_portal.web.calendar_grid import request_calendar
+from backfill_portal.recovery.reconciliation import rolled_back_items
 from backfill_portal.recovery.rollback import (
     request_rollback,
     request_rollback_blocked,
@@ -204,8 +205,11 @@ def _page_context(request, req: BackfillRequest, *, with_grid: bool = True) -> d
         "actions": request_actions(request.user, req, steps, failed=live["progress"]["counts"].get("failed", 0)),
         "retry_note": _retry_note(req),
         "show_reconciliation": req.status in RECON_SHOWN_STATES,
-        "rollback_impact": rollback_state(request_id=req.pk)["impact"] if req.status == RequestStatus.ROLLED_BACK
-        else [],
+        # What was rolled back of what it published (the whole request, or partitions of
+        # it), by whom, when and why, and what was built from it: on its own page, not
+        # only in the audit log and on each partition's page.
+        "rolled_back": (rolled := rolled_back_items(req)),
+        "rollback_impact": rollback_state(request_id=req.pk)["impact"] if rolled else [],
     }
     ctx["rollback_blocked"] = _rollback_blocked(req) if "rollback" in ctx["actions"] else ""
     ctx["section_keys"] = _section_keys(ctx)

@@ -11,7 +11,9 @@ from django.db.models import Q
 from backfill_portal.catalog.models import Dataset, Job
 from backfill_portal.core.errors import NotFound
 from backfill_portal.core.logging import run_log_lines
+from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.web import application_errors, keyset_page, query_without, render_page
+from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Attempt, CheckResult, Delivery, Run
 from backfill_portal.execution.selectors import (
     RunFilters,
@@ -91,6 +93,9 @@ def run_detail(request, run_id: str):
         "attempts": attempts,
         "checks": checks,
         "verdict": run_verdict(run, attempts, checks),
+        # Who stopped a cancelled run, and why (the cancel of its request, or of the run).
+        "cancelled": (AuditEvent.objects.filter(object_type="run", object_id=str(run.pk), action="run.cancelled")
+                      .order_by("-id").first() if run.status == RunStatus.CANCELLED else None),
         "phases": run_phases(run),
         "sql": sql, "sql_note": sql_note,
         "log_lines": log_lines, "log_total": log_total,
