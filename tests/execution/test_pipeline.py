@@ -495,6 +495,15 @@ def test_downstream_pins_the_upstream_versions_it_read(personas, ready, warehous
     assert published.data["fingerprint"] == run.version.fingerprint
     created = AuditEvent.objects.get(action="run.created", object_id=str(run.pk))
     assert created.data["code_hash"] == run.code_version.hash
+    # The audit page names the run by its run id, linked, and unfolds what the row
+    # recorded (it showed "run:220" and hid the data: the auditor's QA).
+    from django.test import Client
+
+    client = Client()
+    client.force_login(personas["audrey"])
+    page = client.get("/audit/", {"request": dws.pk, "action": "run.published"}).content.decode()
+    assert f'<a href="/runs/{run.run_id}/">{run.run_id}</a>' in page
+    assert f"dwd_order_items/2022-10-01@{upstream_run.run_id}" in page and "<summary>data</summary>" in page
 
 
 @ALSO_ON_ICEBERG

@@ -54,11 +54,12 @@ def test_request_detail_costs_the_same_for_31_and_500_intervals(web, make_reques
     assert n_small == n_large
     with django_assert_max_num_queries(12):
         client.get(reverse("request-detail", args=[large.pk]))
-    # The poll of every live section: each section's data, then the grid only if it changed.
-    with django_assert_max_num_queries(10):
+    # The poll of every live section: each section's data (the rolled-back partitions of
+    # what it published one of them), then the grid only if it changed.
+    with django_assert_max_num_queries(11):
         first = client.get(reverse("request-live", args=[large.pk]))
     keys = first.content.decode().split('id="req-poll"')[1].split("v=")[1].split('"')[0]
-    with django_assert_max_num_queries(8):
+    with django_assert_max_num_queries(9):
         assert client.get(reverse("request-live", args=[large.pk]), {"v": keys}).status_code == 204
 
 

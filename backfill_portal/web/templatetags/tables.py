@@ -10,6 +10,7 @@ Every value is escaped; the result is marked safe.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from html import escape
 from urllib.parse import quote
@@ -67,10 +68,33 @@ def request_rows(rows: Iterable) -> SafeString:
     return mark_safe("".join(out))
 
 
+def _audit_object(e, run_page) -> str:
+    """The event's object as a person names it: a run (or an attempt of one) by its run
+    id, linked to its page, with the partition; anything else as type:id."""
+    data = e.data if isinstance(e.data, dict) else {}
+    run_id = data.get("run_id") if isinstance(data.get("run_id"), str) else None
+    if run_id and e.object_type in ("run", "attempt"):
+        attempt = (f" attempt {escape(str(data['attempt_no']))}"
+                   if e.object_type == "attempt" and "attempt_no" in data else "")
+        partition = f' <span class="muted">{escape(str(data["partition"]))}</span>' if data.get("partition") else ""
+        return f'<a href="{escape(run_page(run_id))}">{escape(run_id)}</a>{attempt}{partition}'
+    return f"{escape(e.object_type)}:{escape(e.object_id)}"
+
+
+def _audit_data(e) -> str:
+    """What the event recorded beyond its columns (versions, counts, inputs read), folded."""
+    if not e.data:
+        return ""
+    text = json.dumps(e.data, sort_keys=True, default=str, ensure_ascii=False)
+    if len(text) > 2000:
+        text = text[:2000] + " …"
+    return f'<details class="small"><summary>data</summary><pre class="audit-data">{escape(text)}</pre></details>'
+
+
 @register.filter
 def audit_rows(events: Iterable) -> SafeString:
     """Rows of the audit table (core/audit.html has the header)."""
-    detail = url_filler("request-detail")
+    detail, run_page = url_filler("request-detail"), url_filler("run-detail")
     out = []
     for e in events:
         denied = ' class="row-denied"' if e.action.startswith("denied.") else ""
@@ -83,11 +107,11 @@ def audit_rows(events: Iterable) -> SafeString:
             f'  <td>{_time(e.at, "%Y-%m-%d %H:%M:%S")}</td>\n'
             f'  <td>{escape(e.actor_name)}</td>\n'
             f'  <td class="mono">{escape(e.action)}</td>\n'
-            f'  <td class="mono">{escape(e.object_type)}:{escape(e.object_id)}</td>\n'
+            f'  <td class="mono">{_audit_object(e, run_page)}</td>\n'
             f'  <td>{request}</td>\n'
             f'  <td>{escape(e.dataset)}</td>\n'
             f'  <td class="mono">{change}</td>\n'
-            f'  <td class="clip" title="{escape(e.reason)}">{escape(reason)}</td>\n</tr>\n')
+            f'  <td class="clip" title="{escape(e.reason)}">{escape(reason)}{_audit_data(e)}</td>\n</tr>\n')
     return mark_safe("".join(out))
 
 
