@@ -39,6 +39,26 @@ def test_audit_csv_exports_an_event_whose_timestamp_is_not_a_time_as_stored(hist
     assert by_id[target - 1]["at"] == AuditEvent.objects.get(pk=target - 1).at.isoformat()
 
 
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="PostgreSQL's timestamp column refuses a value that is not a time")
+@pytest.mark.parametrize("stored", ["garbage", "2026-13-45 10:00:00"])
+def test_the_audit_page_and_api_show_an_event_whose_timestamp_is_not_a_time_flagged(history, audrey_client, stored):
+    """'2026-13-45 10:00:00' made the audit page and /api/audit/ a 500 (the driver raised
+    reading the page's rows); the row is shown, its time as stored, flagged."""
+    target = history[12]
+    tamper("UPDATE core_auditevent SET at=%s WHERE id=%s", [stored, target])
+    page = audrey_client.get(reverse("audit"), {"before": target + 1})  # the page it is on
+    assert page.status_code == 200
+    assert f'title="not a time: run manage.py verify_audit">{stored!r}</span>'.replace("'", "&#x27;") in \
+        page.content.decode()
+    listed = audrey_client.get("/api/audit/", {"page_size": 500})
+    assert listed.status_code == 200
+    events = {e["id"]: e for e in listed.json()["results"]}
+    assert set(events) == set(history) and events[target]["at"] is None and events[target]["action"]
+    one = audrey_client.get(f"/api/audit/{target}/")
+    assert one.status_code == 200 and one.json()["at"] is None
+    assert audrey_client.get(f"/api/audit/{max(history) + 10}/").status_code == 404
+
+
 def test_audit_csv_has_the_key_id_each_event_is_signed_with(activity, audrey_client, settings):
     """The signature covers the key id and the API shows it; the CSV left it out."""
     response = audrey_client.get(reverse("audit"), {"format": "csv"})

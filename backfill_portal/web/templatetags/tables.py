@@ -81,6 +81,15 @@ def _audit_object(e, run_page) -> str:
     return f"{escape(e.object_type)}:{escape(e.object_id)}"
 
 
+def _audit_time(e) -> str:
+    """When the event happened; a timestamp that cannot be read (edited in the database
+    into text that is not a time) is shown as stored, flagged."""
+    if e.at is None:
+        stored = getattr(e, "at_unreadable", None)
+        return f'<span class="bad" title="not a time: run manage.py verify_audit">{escape(repr(stored))}</span>'
+    return _time(e.at, "%Y-%m-%d %H:%M:%S")
+
+
 def _audit_data(e) -> str:
     """What the event recorded beyond its columns (versions, counts, inputs read), folded."""
     if not e.data:
@@ -104,7 +113,7 @@ def audit_rows(events: Iterable) -> SafeString:
         reason = e.reason if len(e.reason) <= 400 else Truncator(e.reason).chars(400)
         out.append(
             f'<tr{denied}>\n  <td class="num">{e.pk}</td>\n'
-            f'  <td>{_time(e.at, "%Y-%m-%d %H:%M:%S")}</td>\n'
+            f'  <td>{_audit_time(e)}</td>\n'
             f'  <td>{escape(e.actor_name)}</td>\n'
             f'  <td class="mono">{escape(e.action)}</td>\n'
             f'  <td class="mono">{_audit_object(e, run_page)}</td>\n'
