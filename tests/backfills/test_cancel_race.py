@@ -72,3 +72,37 @@ def test_an_operation_meeting_a_transaction_that_holds_the_audit_chain_and_moves
     else:
         assert (request.status, request.paused) == (RequestStatus.RUNNING, action == "pause")
     assert AuditEvent.objects.filter(action=f"request.{action}", object_id=str(request.pk)).count() == 1
+
+
+def test_a_resume_that_lost_to_a_cancel_says_the_request_is_cancelled(personas, catalog):
+    """The race test: the resume's refusal named the status it read before the cancel
+    ("is running and not paused"), so on-call retried a resume of a cancelled request."""
+    from backfill_portal.core.errors import ConflictError
+
+    request, _ = backfill_request_create(actor=personas["alice"], job="dwd_order_items", reason="late events",
+                                         start="2022-10-01", end="2022-10-03")
+    backfill_request_submit(actor=personas["alice"], request_id=request.pk, confirm_overlap=True)
+    BackfillRequest.objects.filter(pk=request.pk).update(status=RequestStatus.RUNNING, paused=True)
+    errors = []
+
+    def resume():
+        try:
+            request_resume(actor=personas["oscar"], request_id=request.pk)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        audit_serialise()  # the resume has read the request and waits for the chain
+        resumer = threading.Thread(target=resume)
+        resumer.start()
+        deadline = time.monotonic() + 30
+        while waiting_backends() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waiting_backends() >= 1, "the resume should be waiting for the audit chain"
+        BackfillRequest.objects.filter(pk=request.pk).update(status=RequestStatus.CANCELLED, paused=False)
+    resumer.join(60)
+    assert len(errors) == 1 and isinstance(errors[0], ConflictError), errors
+    assert str(errors[0].message) == (f"request #{request.pk} is cancelled; only a paused running request "
+                                      "can be resumed")

@@ -115,8 +115,13 @@ def request_resume(*, actor, request_id) -> BackfillRequest:
             audit_serialise()  # as pause
             claimed = BackfillRequest.objects.filter(pk=request.pk, status=R.RUNNING, paused=True).update(paused=False)
             if claimed != 1:
-                raise ConflictError(f"request #{request.pk} is {request.status} and not paused; nothing to resume",
-                                    field="status")
+                # Read again, as pause does: a cancel that beat this resume made the copy above stale.
+                status, paused = BackfillRequest.objects.values_list("status", "paused").get(pk=request.pk)
+                if status == R.RUNNING and not paused:
+                    raise ConflictError(f"request #{request.pk} is running and not paused; nothing to resume",
+                                        field="status")
+                raise ConflictError(f"request #{request.pk} is {status}; only a paused running request can be "
+                                    "resumed", field="status")
             audit_record(actor=actor, action="request.resume", object_type="request", object_id=request.pk,
                          request_id=request.pk, dataset=request.job.dataset.name, from_state="paused",
                          to_state="running")
