@@ -57,5 +57,5 @@ def test_cancelling_a_paused_request_ends_its_pause_in_the_audited_cancel(person
     row = AuditEvent.objects.get(request_id=request.pk, action="request.cancel")
     assert (row.from_state, row.to_state, row.data["was_paused"]) == ("running", "cancelled", True)
     resume = api("oscar").post(f"/api/requests/{request.pk}/resume/")
-    assert resume.status_code == 409 and "is cancelled and not paused" in resume.json()["detail"]
+    assert resume.status_code == 409 and "is cancelled; only a paused running request can be resumed" in resume.json()["detail"]
 
