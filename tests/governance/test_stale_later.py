@@ -390,3 +390,28 @@ def test_a_depends_on_past_partition_after_a_gap_is_refused_naming_where_to_star
     day_before = gmv(warehouse, "running_totals", DAYS[-1], "gmv_to_date")
     totals = gmv(warehouse, "running_totals", after, "gmv_to_date")
     assert all(totals[c] >= day_before[c] for c in day_before)
+
+
+def test_a_gap_that_appears_after_filing_fails_the_attempt_naming_where_to_start(personas, catalog, demo_sources,
+                                                                                 task_queue, warehouse):
+    """The run-time gap guard: filed while running_totals had nothing published (where a
+    dataset begins there is no gap), 10-04..10-05 is accepted; then 10-01..10-02 is
+    published by another request. 10-04 would now start from nothing in the middle of
+    the history (10-03 never published): the attempt fails naming 10-03, and nothing
+    is published for it."""
+    deploy()
+    for job in ("dwd_order_items", "dws_sales_daily"):
+        run_to_end(personas, task_queue, job=job, start=DAYS[0], end=DAYS[-1])
+    later, _ = backfill_request_create(actor=personas["alice"], job="running_totals", start=DAYS[3], end=DAYS[4],
+                                       reason="late order events")  # accepted: nothing published yet
+    assert run_to_end(personas, task_queue, job="running_totals", start=DAYS[0], end=DAYS[1]).status == \
+        RequestStatus.RECONCILING
+    backfill_request_submit(actor=personas["alice"], request_id=later.pk, confirm_overlap=True)
+    while step := later.approval_steps.filter(status="pending").select_related("approver").first():
+        backfill_request_decide(actor=step.approver or personas["admin"], request_id=later.pk, approve=True)
+    task_queue.drain()
+    run = Run.objects.filter(request=later, partition_key=DAYS[3]).order_by("id").first()
+    assert run.status == RunStatus.FAILED
+    assert (f"running_totals {DAYS[3]} depends on its previous partition {DAYS[2]}, which was never published "
+            f"(the latest before it is {DAYS[1]}): start running_totals from {DAYS[2]}") in run.error
+    assert warehouse.current("running_totals", DAYS[3]) is None
