@@ -616,7 +616,8 @@ def interval_explain(*, actor, request_id, partition_key: str, explanation: str,
         _refresh_verdict_counts(request)
         audit_record(actor=actor, action="reconciliation.explain", object_type="interval", object_id=row.interval_id,
                      request_id=request.pk, dataset=row.dataset.name, from_state=before, to_state=verdict,
-                     reason=explanation, data={"partition": partition_key, "deviations": row.deviations})
+                     reason=explanation, data={"partition": partition_key, "deviations": row.deviations,
+                                               **({"replaces": row.explanation} if row.explanation else {})})
     row.refresh_from_db()
     return row
 
@@ -679,7 +680,8 @@ def intervals_explain(*, actor, request_id, intervals: list[tuple[str, str]], ex
             audit_record(actor=actor, action="reconciliation.explain", object_type="interval",
                          object_id=row.interval_id, request_id=request.pk, dataset=row.dataset.name,
                          from_state=before, to_state=verdict, reason=explanation,
-                         data={"partition": row.partition_key, "deviations": row.deviations, "together": len(rows)})
+                         data={"partition": row.partition_key, "deviations": row.deviations, "together": len(rows),
+                               **({"replaces": row.explanation} if row.explanation else {})})
         _refresh_verdict_counts(request)
     return list(ReconciliationRow.objects.filter(pk__in=[r.pk for r in rows]).order_by("job_id", "position"))
 

@@ -355,3 +355,15 @@ def test_explaining_an_interval_whose_numbers_match_is_refused_as_for_several(pe
     assert "nothing to explain in '2022-10-01'" in one.json()["errors"]["explanation"][0]
     assert rows_of(request)["2022-10-01"].explanation == ""
     assert not AuditEvent.objects.filter(action="reconciliation.explain").exists()
+
+
+def test_a_second_explanation_keeps_the_one_it_replaces_in_the_audit_log(personas, ready, api):
+    run_request(personas, ready, start="2022-09-28", end="2022-10-01")
+    deploy(dwd_sql=DOUBLED_SQL)
+    doubled = run_request(personas, ready, start="2022-10-01", end="2022-10-01")
+    url = f"/api/requests/{doubled.pk}/intervals/2022-10-01/explain/"
+    for text in ("late events", "INC-2211: the append doubled the day"):
+        assert api("olivia").post(url, {"explanation": text}, format="json").status_code == 200
+    first, second = AuditEvent.objects.filter(action="reconciliation.explain").order_by("id")
+    assert "replaces" not in first.data
+    assert (second.reason, second.data["replaces"]) == ("INC-2211: the append doubled the day", "late events")
