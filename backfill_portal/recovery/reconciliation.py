@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from django.db import connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from backfill_portal.backfills.choices import IntervalStatus as I
@@ -553,10 +553,19 @@ def reconciliation_get(*, request_id, compute_missing: bool = True) -> Reconcili
 
 
 def _stale(reconciliation: Reconciliation, request: BackfillRequest) -> bool:
+    """Whether a pointer moved since the numbers were computed on a partition they
+    describe: one of the request's own partitions (its version superseded or rolled
+    back) or the downstream partition a row reads. A publication anywhere else in the
+    same datasets left them as they were; it used to make the next view delete and
+    rewrite every row (seconds for a 27,000-interval request, an audit row each time)."""
     from backfill_portal.warehouse.models import Publication
 
-    jobs = Interval.objects.filter(request=request).values("job_id")
-    return (Publication.objects.filter(dataset__job__in=jobs, published_at__gt=reconciliation.computed_at).exists()
+    own = Interval.objects.filter(request=request, job__dataset_id=OuterRef("dataset_id"),
+                                  partition_key=OuterRef("partition_key"))
+    downstream = ReconciliationRow.objects.filter(request=request, downstream_dataset=OuterRef("dataset__name"),
+                                                  downstream_partition=OuterRef("partition_key"))
+    return (Publication.objects.filter(published_at__gt=reconciliation.computed_at)
+            .filter(Exists(own) | Exists(downstream)).exists()
             or Contamination.objects.filter(version__run__request=request,
                                             found_at__gt=reconciliation.computed_at).exists())
 

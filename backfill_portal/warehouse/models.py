@@ -56,7 +56,9 @@ class Publication(models.Model):
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index(fields=["dataset", "partition_key", "id"]), models.Index(fields=["request", "id"])]
+        indexes = [models.Index(fields=["dataset", "partition_key", "id"]), models.Index(fields=["request", "id"]),
+                   # What moved since a reconciliation was computed (recovery.reconciliation._stale).
+                   models.Index(fields=["published_at"])]
 
     def __str__(self) -> str:
         return f"{self.action} {self.dataset.name}/{self.partition_key} -> {self.version.run.run_id}"
