@@ -33,6 +33,7 @@ from backfill_portal.backfills.models import ApprovalStep, BackfillRequest, Hand
 from backfill_portal.backfills.transitions import REQUEST_EDGES
 from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.roles import Role, deny, has_role, require_role
+from backfill_portal.warehouse.models import Publication
 
 # A request whose publications may be rolled back (and the state its rollback page needs).
 # A cancelled one may have published partitions before the cancel: they can be rolled
@@ -259,7 +260,10 @@ def require_roll_back(actor, datasets: Iterable[Dataset], *, action: str, object
 
 def published_datasets(request: BackfillRequest) -> list[Dataset]:
     """Every dataset the request published (its cascade's too)."""
-    return list(Dataset.objects.filter(publications__request=request).distinct())
+    # By id from the request's publications (indexed by request): a DISTINCT over the
+    # joined datasets' every column sorted 27,000 rows on disk for a large request.
+    return list(Dataset.objects.filter(pk__in=Publication.objects.filter(request=request).values("dataset_id"))
+                .order_by("name"))
 
 
 def request_rollback_datasets(request: BackfillRequest) -> list[Dataset]:

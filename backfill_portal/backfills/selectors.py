@@ -29,7 +29,9 @@ def request_get(request_id) -> BackfillRequest:
 
 
 def request_list(*, user=None, mine: bool = False) -> QuerySet[BackfillRequest]:
-    qs = BackfillRequest.objects.select_related("job__dataset", "requested_by", "code_version")
+    # side_effects: the API's serializer lists them (one query a row without it).
+    qs = (BackfillRequest.objects.select_related("job__dataset", "requested_by", "code_version")
+          .prefetch_related("side_effects"))
     if mine and user is not None:
         qs = qs.filter(requested_by=user)
     return qs
