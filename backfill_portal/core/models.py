@@ -58,6 +58,9 @@ class AuditEvent(models.Model):
             models.Index(fields=["request_id", "id"]),
             models.Index(fields=["actor_name", "id"]),
             models.Index(fields=["action", "id"]),
+            # "Action starts with" (LIKE 'x%') on PostgreSQL, whose database collation keeps
+            # the plain index out of a prefix match (opclasses are ignored elsewhere).
+            models.Index(fields=["action"], opclasses=["varchar_pattern_ops"], name="audit_action_prefix"),
             models.Index(fields=["dataset", "id"]),
             models.Index(fields=["object_type", "object_id"]),
         ]

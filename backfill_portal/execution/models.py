@@ -73,6 +73,9 @@ class Run(models.Model):
             models.Index(fields=["job", "id"], condition=models.Q(status="published"), name="run_published_job_id"),
             models.Index(fields=["request", "status"]),
             models.Index(fields=["request", "created_at", "id"]),
+            # A job's runs newest first (the runs list and API filtered by job or dataset):
+            # without it a job with few runs walked every run backwards by id.
+            models.Index(fields=["job", "id"], name="run_job_id"),
         ]
 
     def __str__(self) -> str:
