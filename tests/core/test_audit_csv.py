@@ -79,3 +79,20 @@ def test_audit_csv_with_a_bad_filter_is_a_400_naming_the_field_as_the_page(activ
         html = response.content.decode()
         assert f'id="id_{field}_error"' in html
         assert ("Enter a whole number." if field == "request" else "Enter a valid date/time.") in html
+
+
+def test_a_second_export_while_one_streams_is_told_to_wait_and_the_slot_comes_back(activity, audrey_client):
+    """The scale QA: each export held a database connection for as long as it streamed,
+    and five at once took every pooled connection (the pages, the API and /readyz
+    answered 503). One streams at a time in a process; the others hear when to retry."""
+    first = audrey_client.get(reverse("audit"), {"format": "csv"})  # streaming, not read yet
+    assert first.status_code == 200
+    second = audrey_client.get(reverse("audit"), {"format": "csv"})
+    assert second.status_code == 429 and second["Retry-After"] == "30"
+    assert "Another export of the audit log is streaming" in second.content.decode()
+    assert audrey_client.get(reverse("audit")).status_code == 200  # the page itself is not held
+    exported(first)  # read to its end: the response closes and frees the slot
+    assert exported(audrey_client.get(reverse("audit"), {"format": "csv"}))
+    abandoned = audrey_client.get(reverse("audit"), {"format": "csv"})
+    abandoned.close()  # the client went away before the first row
+    assert exported(audrey_client.get(reverse("audit"), {"format": "csv"}))
