@@ -97,18 +97,22 @@ def test_a_publish_on_the_table_layout_does_not_wait_for_a_long_reader_who_keeps
     stage_daily(pg, TABLE, "run-2", n=12, seed=1)
     pg.publish(spec_or_name=TABLE, partition=DAY, run_id="run-1", expected_run_id=None, actor="owner")
     seen: set[int] = set()
-    stop = threading.Event()
+    stop, reading = threading.Event(), threading.Event()
 
     def read_all_the_time():
         with psycopg.connect(pg_url, autocommit=True) as conn:
             while not stop.is_set():
                 seen.add(conn.execute('SELECT COUNT(*) FROM "daily_orders" WHERE "ds" = %s', (DAY,)).fetchone()[0])
+                reading.set()
 
     with psycopg.connect(pg_url) as long_reader:
         long_reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         assert long_reader.execute('SELECT COUNT(*) FROM "daily_orders"').fetchone()[0] == 30
         reader = threading.Thread(target=read_all_the_time)
         reader.start()
+        # Under load the publishes could all end before the reader's first query (it saw
+        # nothing, and the test failed on an empty set): they start once it reads.
+        assert reading.wait(30)
         try:
             previous = "run-1"
             for run_id in ("run-2", "run-1", "run-2"):  # publish, roll back, publish again

@@ -30,7 +30,7 @@ def request_row(**overrides):
 def event(**overrides):
     fields = dict(pk=7, at=AT, actor_name="olivia", action="request.approved", object_type="request",
                   object_id="42", request_id=42, dataset="dwd_order_items", from_state="pending_approval",
-                  to_state="approved", reason="looks right")
+                  to_state="approved", reason="looks right", data={})
     fields.update(overrides)
     return SimpleNamespace(**fields)
 
