@@ -108,5 +108,6 @@ def intervals_bulk_transition(request: BackfillRequest, *, frm: str, to: str, ac
         count = Interval.objects.filter(request=request, status=frm).exclude(pk__in=list(keep)).update(status=to)
         if count:
             audit_record(actor=actor, action=f"interval.{to}", object_type="request", object_id=request.pk,
-                         request_id=request.pk, from_state=frm, to_state=to, reason=reason, data={"intervals": count})
+                         request_id=request.pk, dataset=request.job.dataset.name, from_state=frm, to_state=to,
+                         reason=reason, data={"intervals": count})
     return count

@@ -165,6 +165,6 @@ def _failing_clear(runs: Sequence[Run]) -> None:
 def attempt_transition(attempt: Attempt, *, to: str, actor=None, reason: str = "", updates: dict | None = None) -> Attempt:
     return apply_transition(
         instance=attempt, to=to, edges=ATTEMPT_EDGES, actor=actor, object_type="attempt",
-        request_id=attempt.run.request_id, reason=reason, updates=updates,
+        request_id=attempt.run.request_id, dataset=attempt.run.job.dataset.name, reason=reason, updates=updates,
         data={"run_id": attempt.run.run_id, "attempt_no": attempt.attempt_no},
     )
