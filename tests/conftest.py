@@ -340,6 +340,34 @@ def waiting_backends() -> int:
         return cursor.fetchone()[0]
 
 
+def started_until_waiting(call, *, what: str) -> tuple:
+    """`call()` in a thread of its own, returned once it waits on a lock this test's
+    transaction holds (PostgreSQL): (the thread, its outcome list, which gets the
+    result or the exception raised). The thread closes its connections when done."""
+    import threading
+    import time
+
+    from django.db import connections
+
+    outcome: list = []
+
+    def run():
+        try:
+            outcome.append(call())
+        except Exception as exc:  # noqa: BLE001 - the test asserts on it
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while waiting_backends() < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert waiting_backends() >= 1, f"{what} should be waiting for a lock this test holds"
+    return thread, outcome
+
+
 def make_user(username: str, roles) -> User:
     user = User.objects.create_user(username=username, password="pw-" + username, email=f"{username}@example.com")
     for role in roles:

@@ -6,11 +6,10 @@ Now the cancel takes the chain's lock first, and runs again if the database abor
 break a deadlock."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from django.db import connections, transaction
+from django.db import transaction
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.backfills.models import BackfillRequest
@@ -22,11 +21,9 @@ from backfill_portal.backfills.services.requests import (
 )
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.services.audit import audit_serialise
-from tests.conftest import needs_postgresql, waiting_backends
+from tests.conftest import needs_postgresql, started_until_waiting
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql("two concurrent transactions")]
-
-
 
 
 @pytest.mark.parametrize("action", ["cancel", "pause", "resume"])
@@ -37,34 +34,22 @@ def test_an_operation_meeting_a_transaction_that_holds_the_audit_chain_and_moves
     backfill_request_submit(actor=personas["alice"], request_id=request.pk, confirm_overlap=True)
     if action != "cancel":  # a running request (paused, to be resumed), set up directly: no worker here
         BackfillRequest.objects.filter(pk=request.pk).update(status=RequestStatus.RUNNING, paused=action == "resume")
-    errors = []
 
     def operate():
-        try:
-            if action == "cancel":
-                backfill_request_cancel(actor=personas["oscar"], request_id=request.pk, reason="wrong range")
-            elif action == "pause":
-                request_pause(actor=personas["oscar"], request_id=request.pk)
-            else:
-                request_resume(actor=personas["oscar"], request_id=request.pk)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        if action == "cancel":
+            return backfill_request_cancel(actor=personas["oscar"], request_id=request.pk, reason="wrong range")
+        if action == "pause":
+            return request_pause(actor=personas["oscar"], request_id=request.pk)
+        return request_resume(actor=personas["oscar"], request_id=request.pk)
 
     # What a publication does: the audit chain's lock, then the request's row.
     with transaction.atomic():
         audit_serialise()
-        canceller = threading.Thread(target=operate)
-        canceller.start()
-        deadline = time.monotonic() + 30
-        while waiting_backends() < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert waiting_backends() >= 1, "the operation should be waiting for the audit chain"
+        canceller, outcome = started_until_waiting(operate, what="the operation")
         time.sleep(0.3)  # were it holding the request's row, the UPDATE below would deadlock
         BackfillRequest.objects.filter(pk=request.pk).update(max_active_intervals=2)
     canceller.join(60)
-    assert not errors, errors
+    assert not [o for o in outcome if isinstance(o, Exception)], outcome
     request.refresh_from_db()
     assert request.max_active_intervals == 2
     if action == "cancel":
@@ -83,24 +68,10 @@ def test_a_resume_that_lost_to_a_cancel_says_the_request_is_cancelled(personas, 
                                          start="2022-10-01", end="2022-10-03")
     backfill_request_submit(actor=personas["alice"], request_id=request.pk, confirm_overlap=True)
     BackfillRequest.objects.filter(pk=request.pk).update(status=RequestStatus.RUNNING, paused=True)
-    errors = []
-
-    def resume():
-        try:
-            request_resume(actor=personas["oscar"], request_id=request.pk)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
     with transaction.atomic():
         audit_serialise()  # the resume has read the request and waits for the chain
-        resumer = threading.Thread(target=resume)
-        resumer.start()
-        deadline = time.monotonic() + 30
-        while waiting_backends() < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert waiting_backends() >= 1, "the resume should be waiting for the audit chain"
+        resumer, errors = started_until_waiting(
+            lambda: request_resume(actor=personas["oscar"], request_id=request.pk), what="the resume")
         BackfillRequest.objects.filter(pk=request.pk).update(status=RequestStatus.CANCELLED, paused=False)
     resumer.join(60)
     assert len(errors) == 1 and isinstance(errors[0], ConflictError), errors

@@ -5,17 +5,16 @@ PostgreSQL aborted the worker's transaction, and its task ended at ERROR with "d
 detected" until the sweeper re-sent the run minutes later. Now the task is sent again."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from django.db import connections, transaction
+from django.db import transaction
 
 from backfill_portal.celery import app
 from backfill_portal.core.services.audit import audit_serialise
 from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Run
-from tests.conftest import needs_postgresql, waiting_backends
+from tests.conftest import needs_postgresql, started_until_waiting
 from tests.execution.test_pipeline import approved_request
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql("two concurrent transactions")]
@@ -29,25 +28,12 @@ def test_an_execute_task_aborted_by_a_deadlock_is_sent_again_and_publishes(perso
     task_queue.drain(skip=lambda task, args: task == "execution.execute_run")
     (run_id,) = [args[0] for task, args, _, _ in task_queue.sent if task == "execution.execute_run"]
     run = Run.objects.get(run_id=run_id)
-    outcome = []
-
-    def work():
-        try:
-            outcome.append(app.tasks["execution.execute_run"].apply(args=[run_id]).get())
-        except Exception as exc:  # noqa: BLE001 - reported below
-            outcome.append(exc)
-        finally:
-            connections.close_all()
 
     # What a cancel does: the audit chain's lock, then the request's runs.
     with transaction.atomic():
         audit_serialise()
-        worker = threading.Thread(target=work)
-        worker.start()
-        deadline = time.monotonic() + 30
-        while waiting_backends() < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert waiting_backends() >= 1, "the worker should be waiting for the audit chain"
+        worker, outcome = started_until_waiting(
+            lambda: app.tasks["execution.execute_run"].apply(args=[run_id]).get(), what="the worker")
         time.sleep(0.3)
         Run.objects.filter(pk=run.pk).update(enqueued_at=None)  # waits for the worker's row: the cycle
     worker.join(120)

@@ -7,11 +7,10 @@ Now the rollback locks its runs and requests before the warehouse moves, so it w
 there, holding nothing the worker needs."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from django.db import connections, transaction
+from django.db import transaction
 
 from backfill_portal.backfills.choices import RequestStatus
 from backfill_portal.core.services.audit import audit_serialise
@@ -19,7 +18,7 @@ from backfill_portal.execution.choices import RunStatus
 from backfill_portal.execution.models import Run
 from backfill_portal.recovery.rollback import request_rollback
 from backfill_portal.warehouse.models import Publication
-from tests.conftest import needs_postgresql, waiting_backends
+from tests.conftest import needs_postgresql, started_until_waiting
 from tests.reconciliation.helpers import run_request
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_postgresql("two concurrent transactions")]
@@ -30,30 +29,17 @@ def test_a_request_rollback_waits_for_a_worker_holding_its_runs_and_the_audit_ch
     first = run_request(personas, ready, start=DAYS[0], end=DAYS[1])
     second = run_request(personas, ready, start=DAYS[0], end=DAYS[1])
     restored = {r.partition_key: r for r in Run.objects.filter(request=first)}
-    errors = []
-
-    def roll_back():
-        try:
-            request_rollback(actor=personas["oscar"], request_id=second.pk, reason="wrong numbers")
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
     # What a worker's audit batch does: a run's row first, the audit chain's lock at its end.
     with transaction.atomic():
         list(Run.objects.select_for_update().filter(pk=restored[DAYS[1]].pk).values_list("pk", flat=True))
-        rollback = threading.Thread(target=roll_back)
-        rollback.start()
-        deadline = time.monotonic() + 30
-        while waiting_backends() < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert waiting_backends() >= 1, "the rollback should be waiting for the run's row"
+        rollback, outcome = started_until_waiting(
+            lambda: request_rollback(actor=personas["oscar"], request_id=second.pk, reason="wrong numbers"),
+            what="the rollback")
         time.sleep(0.3)
         audit_serialise()  # were the rollback holding the chain, this would deadlock
         Run.objects.filter(pk=restored[DAYS[1]].pk).update(verify_heartbeat_at=None)
     rollback.join(60)
-    assert not errors, errors
+    assert not [o for o in outcome if isinstance(o, Exception)], outcome
     second.refresh_from_db()
     assert second.status == RequestStatus.ROLLED_BACK
     assert {day: warehouse.current("dwd_order_items", day) for day in DAYS} == {
