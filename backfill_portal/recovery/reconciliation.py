@@ -46,11 +46,11 @@ from backfill_portal.catalog.tolerances import BASELINE_WINDOW, DEFAULT_MEASURE_
 from backfill_portal.core.errors import ConflictError, NotFound, ValidationError
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.retry import run_again_if_deadlocked
-from backfill_portal.recovery.locks import serialise_reconciliation, serialise_rollbacks
 from backfill_portal.core.services.audit import audit_record
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
 from backfill_portal.execution.models import CheckResult, Run
 from backfill_portal.execution.transitions import RUN_ACTIVE
+from backfill_portal.recovery.locks import serialise_reconciliation, serialise_rollbacks
 from backfill_portal.warehouse.models import Consumption, Contamination, Publication
 from backfill_portal.backends import get_warehouse
 from backfill_portal.catalog.specs import spec_for
@@ -558,8 +558,6 @@ def _stale(reconciliation: Reconciliation, request: BackfillRequest) -> bool:
     back) or the downstream partition a row reads. A publication anywhere else in the
     same datasets left them as they were; it used to make the next view delete and
     rewrite every row (seconds for a 27,000-interval request, an audit row each time)."""
-    from backfill_portal.warehouse.models import Publication
-
     own = Interval.objects.filter(request=request, job__dataset_id=OuterRef("dataset_id"),
                                   partition_key=OuterRef("partition_key"))
     downstream = ReconciliationRow.objects.filter(request=request, downstream_dataset=OuterRef("dataset__name"),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -236,10 +236,8 @@ def _apply(moves: list[Move], *, actor, reason: str, then=None, before=None) -> 
     first audit row holds) breaks before anything moved, and the whole of it runs again;
     afterwards the mirror waits only for the audit chain, whose holders wait for none of
     these rows."""
-    moved = False
 
     def attempt() -> None:
-        nonlocal moved
         with transaction.atomic():
             serialise_rollbacks()
             # The reconciliations this rollback will reopen or recompute, before any row: in
@@ -250,19 +248,13 @@ def _apply(moves: list[Move], *, actor, reason: str, then=None, before=None) -> 
                 before()  # what must still hold, checked under the lock, before the warehouse moves
             _lock_mirrored_rows(moves)
             _move_pointers(moves, actor=actor)
-            moved = True
-            _mirror(moves, actor=actor, reason=reason, then=then)
-
-    def before_the_move() -> None:
-        try:
-            attempt()
-        except Exception as exc:
-            if moved:  # the warehouse moved: never again; `_repair_mirror` finishes the record
+            try:
+                _mirror(moves, actor=actor, reason=reason, then=then)
+            except DatabaseError as exc:  # the warehouse moved: never again; `_repair_mirror` finishes the record
                 raise _MovedThenFailed() from exc
-            raise
 
     try:
-        run_again_if_deadlocked(before_the_move, what="a rollback")
+        run_again_if_deadlocked(attempt, what="a rollback")
     except _MovedThenFailed as wrapped:
         raise wrapped.__cause__ from None
 
