@@ -394,6 +394,13 @@ def audit_events_read(events: QuerySet, *, chunk_size: int = 2000) -> Iterator[A
         yield event
 
 
+def audit_events_newest_first(ids) -> list[AuditEvent]:
+    """The events of a page of `ids` (the page read by id alone), newest first, read as
+    `audit_events_read` reads them: the audit page and the API list a page this way, so
+    one edited timestamp does not make the whole page unreadable."""
+    return list(audit_events_read(AuditEvent.objects.filter(pk__in=list(ids)).order_by("-id")))
+
+
 def _stored_datetime(text) -> datetime | None:
     """A timestamp stored by Django's SQLite backend, as it reads one (aware, in the
     connection's time zone), or None when the text is not one."""

@@ -12,7 +12,7 @@ from backfill_portal.core.authentication import locked_out_json
 from backfill_portal.core.errors import NotFound, ValidationError
 from backfill_portal.core.models import ApiToken, AuditEvent
 from backfill_portal.core.text import no_control_characters
-from backfill_portal.core.services.audit import audit_events_read
+from backfill_portal.core.services.audit import audit_events_newest_first, audit_events_read
 from backfill_portal.core.services.tokens import api_token_issue, api_token_revoke
 
 
@@ -55,7 +55,7 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     def list(self, request, *args, **kwargs):
         queryset = self.filter_queryset(self.get_queryset())
         page = self.paginate_queryset(queryset.only("pk"))  # the cursor reads the id alone
-        events = list(audit_events_read(AuditEvent.objects.filter(pk__in=[e.pk for e in page]).order_by("-id")))
+        events = audit_events_newest_first(e.pk for e in page)
         return self.get_paginated_response(self.get_serializer(events, many=True).data)
 
     def retrieve(self, request, *args, **kwargs):

@@ -17,7 +17,7 @@ from backfill_portal.catalog.models import Dataset
 from backfill_portal.core.csv_export import csv_writer
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.roles import Role, has_role
-from backfill_portal.core.services.audit import audit_events_read
+from backfill_portal.core.services.audit import audit_events_newest_first, audit_events_read
 from backfill_portal.core.web import KeysetPage, keyset_page, query_without, render_page
 from backfill_portal.execution.anomalies import partition_anomalies
 from backfill_portal.web.context_processors import inbox_count
@@ -181,8 +181,7 @@ def audit(request):
     """Every authenticated role may read the audit log (as in the API). Bad filters are
     a 400 that names the field, the CSV export's too (as the runs list and the API)."""
     form = AuditFilterForm(request.GET or None)
-    ctx = {"form": form, "keep_query": query_without(request, "before", "format"),
-           "csv_query": query_without(request, "before", "format")}
+    ctx = {"form": form, "keep_query": query_without(request, "before", "format")}
     if form.is_bound and not form.is_valid():
         return render_page(request, "core/audit.html", {**ctx, "page": None}, status=400)
     qs = form.filter(AuditEvent.objects.all()) if form.is_bound else AuditEvent.objects.all()
@@ -200,6 +199,6 @@ def audit(request):
     # event whose timestamp was edited into text that is not a time made the whole page
     # a 500; it is shown with the stored text, flagged (verify_audit names it).
     ids = keyset_page(qs.values("pk"), request.GET.get("before"))
-    rows = list(audit_events_read(AuditEvent.objects.filter(pk__in=[r["pk"] for r in ids.rows]).order_by("-id")))
+    rows = audit_events_newest_first(r["pk"] for r in ids.rows)
     return render_page(request, "core/audit.html", {
         **ctx, "page": KeysetPage(rows=rows, next_before=ids.next_before, before=ids.before)})
