@@ -257,6 +257,22 @@ PROCESS_KIND = process_kind(sys.argv)
 DATABASE_POOL_MAX_SIZE, DATABASE_POOL_TIMEOUT = pool_settings()
 
 
+def dead_peer_settings() -> dict[str, int]:
+    """PostgreSQL's own keepalives for a session, from DATABASE_DEAD_PEER_SECONDS (N,
+    default 60): the server ends a session whose peer is gone (a worker host powered
+    off or cut off) within about N seconds of its falling silent, probing from N / 2
+    seconds of silence, five times N / 10 apart. Probes are answered by the peer's
+    operating system, so a peer that is only slow or busy is never cut (`tcp_user_timeout`
+    is left alone: it would also cut a reader that stopped reading for N seconds). 0:
+    none, the operating system's defaults (two hours and more); also behind PgBouncer,
+    which refuses startup options and is itself the server's peer."""
+    seconds = env_int("DATABASE_DEAD_PEER_SECONDS", 60, minimum=0)
+    if not seconds:
+        return {}
+    return {"tcp_keepalives_idle": max(1, seconds // 2), "tcp_keepalives_interval": max(1, seconds // 10),
+            "tcp_keepalives_count": 5}
+
+
 def database_config(url: str, process: str = "command") -> dict:
     try:
         # Connections persist between requests and tasks (for tasks see
@@ -279,6 +295,17 @@ def database_config(url: str, process: str = "command") -> dict:
         # (DATABASE_PREPARED=0) behind a pooler in transaction mode, which cannot keep
         # prepared statements.
         config["OPTIONS"] = {**config.get("OPTIONS", {}), "server_side_binding": True, "prepare_threshold": 5}
+    dead_peer = dead_peer_settings()
+    if config["ENGINE"] == "django.db.backends.postgresql" and dead_peer:
+        # A worker host that vanishes inside a transaction (a dispatch, a publication's
+        # record) holds the dispatch lock, the audit chain and its rows, and every
+        # audited write in the portal waits on it. The server, waiting for the peer's
+        # next statement, hears nothing from a peer that is gone; with its own
+        # keepalives it ends the session within about DATABASE_DEAD_PEER_SECONDS,
+        # rolling it back and letting go of the locks.
+        options = config.get("OPTIONS", {})
+        given = [options["options"]] if options.get("options") else []
+        config["OPTIONS"] = {**options, "options": " ".join(given + [f"-c {k}={v}" for k, v in dead_peer.items()])}
     pool_max_size, pool_timeout = pool_settings()
     if config["ENGINE"] == "django.db.backends.postgresql" and process in ("web", "worker") and pool_max_size:
         # A connection per thread is unbounded under a threaded server (each
@@ -308,6 +335,8 @@ def database_config(url: str, process: str = "command") -> dict:
 
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'portal.sqlite3'}")
 DATABASES = {"default": database_config(DATABASE_URL, PROCESS_KIND)}
+# The same for the warehouse's PostgreSQL sessions (backends/postgresql.py).
+DATABASE_DEAD_PEER_SETTINGS = dead_peer_settings()
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # The warehouse is a second database reached only through its backend, chosen by the

@@ -118,11 +118,14 @@ class PostgreSQLWarehouse(SqlWarehouse):
             # operating system's TCP timeout (minutes).
             conn = psycopg.connect(self.target, autocommit=True,
                                    connect_timeout=settings.WAREHOUSE_CONNECT_TIMEOUT if timeout is None else timeout)
-            timeouts = [f"SET {name} = '{int(seconds)}s'" for name, seconds in (
+            session = [f"SET {name} = '{int(seconds)}s'" for name, seconds in (
                 ("lock_timeout", self.lock_timeout_seconds),
                 ("idle_in_transaction_session_timeout", self.idle_in_transaction_timeout_seconds)) if seconds]
-            if timeouts:
-                conn.execute("; ".join(timeouts))
+            # A staging transaction of a worker host that is gone ends within about
+            # DATABASE_DEAD_PEER_SECONDS, not at the idle timeout above (settings.py).
+            session += [f"SET {name} = {int(value)}" for name, value in settings.DATABASE_DEAD_PEER_SETTINGS.items()]
+            if session:
+                conn.execute("; ".join(session))
             return conn
         except Exception as exc:
             raise WarehouseUnavailable(f"cannot connect to the warehouse: {exc}") from exc

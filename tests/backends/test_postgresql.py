@@ -13,6 +13,7 @@ import time
 
 import psycopg
 import pytest
+from django.conf import settings
 
 from backfill_portal.backends import WarehouseLockTimeout, WarehouseUnavailable, make_warehouse
 from tests.backends.test_contract import (
@@ -107,6 +108,17 @@ def test_a_session_left_idle_in_a_transaction_is_ended_by_the_server(pg_wh_url):
             time.sleep(2.5)  # a client that stopped talking inside its transaction
             wh.query("SELECT 1")
     assert not wh.table_exists("idle_probe")  # rolled back by the server
+
+
+@pytest.mark.postgres
+def test_a_session_whose_peer_is_gone_is_ended_by_the_servers_keepalives(pg_wh_url):
+    """A worker host cut off in the middle of staging holds its staging lock: the
+    server's keepalives (DATABASE_DEAD_PEER_SECONDS) end the session long before the
+    idle timeout would."""
+    rows = make_warehouse(pg_wh_url).query(
+        "SELECT name, setting::int FROM pg_settings WHERE name LIKE 'tcp_keepalives%'")
+    assert settings.DATABASE_DEAD_PEER_SETTINGS
+    assert dict(rows) == settings.DATABASE_DEAD_PEER_SETTINGS
 
 
 # -- a version made by its SELECT (CREATE TABLE ... AS) -----------------------------------

@@ -4,12 +4,19 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from backfill_portal.settings import database_config, process_kind
 
 PG = "postgres://portal@db:5432/portal"
+DEAD_PEER = "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=6 -c tcp_keepalives_count=5"
+
+
+@pytest.fixture(autouse=True)
+def default_dead_peer(monkeypatch):
+    monkeypatch.delenv("DATABASE_DEAD_PEER_SECONDS", raising=False)
 
 
 def test_postgresql_reuses_checked_connections_and_prepares_repeated_statements(monkeypatch):
@@ -17,13 +24,27 @@ def test_postgresql_reuses_checked_connections_and_prepares_repeated_statements(
     monkeypatch.delenv("DATABASE_CONN_MAX_AGE", raising=False)
     config = database_config(PG)
     assert config["CONN_MAX_AGE"] == 300 and config["CONN_HEALTH_CHECKS"] is True
-    assert config["OPTIONS"] == {"server_side_binding": True, "prepare_threshold": 5}
+    assert config["OPTIONS"] == {"server_side_binding": True, "prepare_threshold": 5, "options": DEAD_PEER}
 
 
 def test_options_given_in_the_url_are_kept(monkeypatch):
     monkeypatch.delenv("DATABASE_PREPARED", raising=False)
-    config = database_config(PG + "?sslmode=require")
-    assert config["OPTIONS"] == {"sslmode": "require", "server_side_binding": True, "prepare_threshold": 5}
+    config = database_config(PG + "?sslmode=require&options=-c%20statement_timeout%3D5000")
+    assert config["OPTIONS"] == {"sslmode": "require", "server_side_binding": True, "prepare_threshold": 5,
+                                 "options": "-c statement_timeout=5000 " + DEAD_PEER}
+
+
+def test_the_server_is_asked_to_end_a_session_whose_peer_is_gone_within_the_seconds_given(monkeypatch):
+    """A worker host cut off inside a transaction holds the dispatch lock and the audit
+    chain: the server's own keepalives end its session within about N seconds."""
+    monkeypatch.setenv("DATABASE_DEAD_PEER_SECONDS", "20")
+    assert database_config(PG)["OPTIONS"]["options"] == (
+        "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=5")
+    monkeypatch.setenv("DATABASE_DEAD_PEER_SECONDS", "0")  # behind PgBouncer, which refuses startup options
+    assert "options" not in database_config(PG)["OPTIONS"]
+    monkeypatch.setenv("DATABASE_DEAD_PEER_SECONDS", "-1")
+    with pytest.raises(ImproperlyConfigured, match="DATABASE_DEAD_PEER_SECONDS='-1' must be at least 0"):
+        database_config(PG)
 
 
 def test_both_can_be_switched_off_for_a_pooler(monkeypatch):
@@ -38,7 +59,7 @@ def test_sqlite_keeps_its_own_options(monkeypatch):
     monkeypatch.delenv("DATABASE_PREPARED", raising=False)
     config = database_config("sqlite:////tmp/x.sqlite3")
     assert config["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
-    assert "server_side_binding" not in config["OPTIONS"]
+    assert "server_side_binding" not in config["OPTIONS"] and "options" not in config["OPTIONS"]
 
 
 @pytest.mark.django_db
@@ -47,6 +68,19 @@ def test_the_live_postgresql_connection_prepares_statements():
         pytest.skip("PostgreSQL only (DATABASE_URL)")
     connection.ensure_connection()
     assert connection.connection.prepare_threshold == 5
+
+
+@pytest.mark.django_db
+def test_the_live_postgresql_session_carries_the_dead_peer_keepalives():
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only (DATABASE_URL)")
+    if not (connection.settings_dict["HOST"] or "").strip() or connection.settings_dict["HOST"].startswith("/"):
+        pytest.skip("keepalives are TCP's: this DATABASE_URL uses a Unix socket")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, setting::int FROM pg_settings WHERE name LIKE 'tcp_keepalives%%'")
+        live = dict(cursor.fetchall())
+    assert settings.DATABASE_DEAD_PEER_SETTINGS, "the suite runs with DATABASE_DEAD_PEER_SECONDS=0"
+    assert live == settings.DATABASE_DEAD_PEER_SETTINGS
 
 
 @pytest.mark.parametrize("argv, kind", [
