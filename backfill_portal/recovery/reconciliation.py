@@ -568,9 +568,11 @@ def _stale(reconciliation: Reconciliation, request: BackfillRequest) -> bool:
                                             found_at__gt=reconciliation.computed_at).exists())
 
 
-def reconciliation_rows(reconciliation: Reconciliation):
-    return (ReconciliationRow.objects.filter(request_id=reconciliation.request_id)
+def reconciliation_rows(reconciliation: Reconciliation, *, verdict: str = ""):
+    """The request's rows in (job, position) order; only those of `verdict` if given."""
+    rows = (ReconciliationRow.objects.filter(request_id=reconciliation.request_id)
             .select_related("job", "dataset", "explained_by").order_by("job_id", "position"))
+    return rows.filter(verdict=verdict) if verdict else rows
 
 
 def reconciliation_recompute(*, actor, request_id) -> Reconciliation:

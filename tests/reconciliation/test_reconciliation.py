@@ -384,3 +384,58 @@ def test_viewing_a_reconciliation_recomputes_it_only_when_its_own_partitions_mov
     body = api("audrey").get(f"/api/requests/{first.pk}/reconciliation/").json()
     assert computes.count() == before + 1
     assert [s["by_request"] for s in body["manifest"]["exceptions"]["superseded_by_another_request"]] == [second.pk]
+
+
+def test_the_rows_come_by_verdict_and_a_page_at_a_time_and_a_bad_query_is_refused_before_anything_runs(
+        personas, ready, api):
+    """The scale QA: a 27,000-interval request's reconciliation was one 17 MB answer, and
+    finding what is left to explain meant reading all of it."""
+    run_request(personas, ready, start="2022-09-28", end="2022-10-03")
+    deploy(dwd_sql=DOUBLED_SQL)
+    doubled = run_request(personas, ready, start="2022-10-01", end="2022-10-03")
+    url = f"/api/requests/{doubled.pk}/reconciliation/"
+    explained = api("olivia").post(f"/api/requests/{doubled.pk}/intervals/2022-10-02/explain/",
+                                   {"explanation": "INC-2211: the append doubled the day"}, format="json")
+    assert explained.status_code == 200
+    client = api("audrey")
+
+    def keys(body):
+        return [row["partition_key"] for row in body["rows"]]
+
+    everything = client.get(url).json()
+    assert (keys(everything), everything["rows_total"], everything["next"]) == (
+        ["2022-10-01", "2022-10-02", "2022-10-03"], 3, None)
+    left = client.get(url, {"verdict": "unexplained"}).json()
+    assert (keys(left), left["rows_total"], left["next"]) == (["2022-10-01", "2022-10-03"], 2, None)
+    assert left["manifest"]["verdicts"] == everything["manifest"]["verdicts"]  # the manifest is the whole request's
+
+    page, seen = client.get(url, {"limit": 1}).json(), []
+    while True:
+        assert page["rows_total"] == 3 and len(page["rows"]) == 1
+        seen += keys(page)
+        if page["next"] is None:
+            break
+        assert "limit=1" in page["next"]
+        page = client.get(page["next"]).json()
+    assert seen == ["2022-10-01", "2022-10-02", "2022-10-03"]
+    second = client.get(url, {"verdict": "unexplained", "limit": 1}).json()
+    assert keys(second) == ["2022-10-01"] and "verdict=unexplained" in second["next"]
+    assert keys(client.get(second["next"]).json()) == ["2022-10-03"]
+    assert keys(client.get(url, {"offset": 2}).json()) == ["2022-10-03"]
+    assert keys(client.get(url, {"offset": 9}).json()) == []
+
+    lines = list(csv.reader(io.StringIO(client.get(url, {"format": "csv", "verdict": "explained"}).content.decode())))
+    header = lines[0]
+    assert [line[header.index("partition_key")] for line in lines[1:lines.index([])]] == ["2022-10-02"]
+
+    computed = Reconciliation.objects.get(request=doubled).computed_at
+    computes = AuditEvent.objects.filter(request_id=doubled.pk, action="reconciliation.compute").count()
+    for query, field in (("verdict=doubled", "verdict"), ("limit=0", "limit"), ("limit=5001", "limit"),
+                         ("limit=ten", "limit"), ("offset=-1", "offset")):
+        for method in (client.get, api("olivia").post):
+            refused = method(f"{url}?{query}")
+            assert refused.status_code == 400, (query, method)
+            assert field in refused.json()["errors"], refused.json()
+    assert client.post(f"{url}?limit=0").status_code == 403  # an auditor may not recompute, whatever the query
+    assert Reconciliation.objects.get(request=doubled).computed_at == computed  # the refused POSTs computed nothing
+    assert AuditEvent.objects.filter(request_id=doubled.pk, action="reconciliation.compute").count() == computes

@@ -5,7 +5,7 @@ import io
 
 from rest_framework import renderers, serializers
 
-from backfill_portal.backfills.models import Reconciliation, ReconciliationRow
+from backfill_portal.backfills.models import Reconciliation, ReconciliationRow, Verdict
 from backfill_portal.core.csv_export import csv_writer
 from backfill_portal.core.text import no_control_characters
 
@@ -25,17 +25,70 @@ class ReconciliationRowSerializer(serializers.ModelSerializer):
                   "downstream_reads_after", "explanation", "explained_by", "explained_at", "computed_at"]
 
 
+ROWS_LIMIT_MAX = 5000
+
+
+class ReconciliationRowsQuerySerializer(serializers.Serializer):
+    """Which of the rows a reconciliation's answer carries: all of them by default (as
+    the CSV export needs), or one verdict's, a page at a time (`limit`, `offset`)."""
+
+    verdict = serializers.ChoiceField(choices=Verdict.choices, required=False,
+                                      help_text="only the rows of this verdict (e.g. `unexplained`: what is "
+                                                "left to explain before the sign-off)")
+    limit = serializers.IntegerField(min_value=1, max_value=ROWS_LIMIT_MAX, required=False,
+                                     help_text=f"at most this many rows (1–{ROWS_LIMIT_MAX}); `next` then names "
+                                               "the following page")
+    offset = serializers.IntegerField(min_value=0, max_value=10**9, default=0,
+                                      help_text="rows to skip, in (job, position) order")
+
+
+def rows_page(reconciliation: Reconciliation, *, request, verdict: str = "", limit: int | None = None,
+              offset: int = 0) -> dict:
+    """{"rows": the page's rows, "total": how many match, "next": the next page's
+    address or None}."""
+    from backfill_portal.recovery.reconciliation import reconciliation_rows
+
+    rows = reconciliation_rows(reconciliation, verdict=verdict)
+    if limit is None and not offset:
+        rows = list(rows)
+        return {"rows": rows, "total": len(rows), "next": None}
+    total = rows.count()
+    end = offset + limit if limit is not None else total
+    following = None
+    if end < total:
+        query = request.query_params.copy()
+        query["offset"] = str(end)
+        following = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+    return {"rows": list(rows[offset:end]), "total": total, "next": following}
+
+
 class ReconciliationSerializer(serializers.ModelSerializer):
+    """A request's reconciliation. Its rows are the context's `rows_page` when given
+    (rows_page above), else all of them."""
+
     request = serializers.IntegerField(source="request_id")
     request_status = serializers.CharField(source="request.status")
     signed_off_by = serializers.CharField(source="signed_off_by.username", allow_null=True, default=None)
     manifest = serializers.SerializerMethodField()
+    rows_total = serializers.SerializerMethodField(help_text="rows matching `verdict` (all rows without it)")
+    next = serializers.SerializerMethodField(help_text="the next page of rows (with `limit`), or null")
     rows = serializers.SerializerMethodField()
 
     class Meta:
         model = Reconciliation
         fields = ["request", "request_status", "computed_at", "signed_off_by", "signed_off_at", "signoff_comment",
-                  "manifest", "rows"]
+                  "manifest", "rows_total", "next", "rows"]
+
+    def _page(self, obj) -> dict:
+        if "rows_page" not in self.context:
+            self.context["rows_page"] = rows_page(obj, request=self.context["request"])
+        return self.context["rows_page"]
+
+    def get_rows_total(self, obj) -> int:
+        return self._page(obj)["total"]
+
+    def get_next(self, obj) -> str | None:
+        return self._page(obj)["next"]
 
     def get_manifest(self, obj) -> dict:
         """The stored manifest; what a rollback changed read now, so a rollback after the
@@ -45,9 +98,7 @@ class ReconciliationSerializer(serializers.ModelSerializer):
         return manifest_now(obj.request, obj.manifest)
 
     def get_rows(self, obj) -> list[dict]:
-        from backfill_portal.recovery.reconciliation import reconciliation_rows
-
-        return ReconciliationRowSerializer(reconciliation_rows(obj), many=True).data
+        return ReconciliationRowSerializer(self._page(obj)["rows"], many=True).data
 
 
 class ExplainSerializer(serializers.Serializer):

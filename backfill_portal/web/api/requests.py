@@ -36,11 +36,13 @@ from backfill_portal.web.api.reconciliation import (
     ExplainSerializer,
     ReconciliationCSVRenderer,
     ReconciliationRowSerializer,
+    ReconciliationRowsQuerySerializer,
     ReconciliationSerializer,
     RequestRollbackResultSerializer,
     RequestRollbackStateSerializer,
     RollbackSerializer,
     SignoffSerializer,
+    rows_page,
 )
 from backfill_portal.recovery import reconciliation as reconciliation_service
 from backfill_portal.recovery import rollback as rollback_service
@@ -155,27 +157,39 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     # -- reconciliation, sign-off and rollback ------------------------------------------
 
-    def _reconciliation(self, obj, code=status.HTTP_200_OK, fmt=None):
-        data = ReconciliationSerializer(obj, context={"request": self.request}).data
+    def _reconciliation(self, obj, code=status.HTTP_200_OK, fmt=None, rows_query=None):
+        context = {"request": self.request}
+        if rows_query:
+            context["rows_page"] = rows_page(obj, request=self.request, **rows_query)
+        data = ReconciliationSerializer(obj, context=context).data
         response = Response(data, status=code)
         if fmt == "csv" or self.request.query_params.get("format") == "csv":
             response["Content-Disposition"] = f'attachment; filename="request-{obj.request_id}-reconciliation.csv"'
         return response
 
     @extend_schema(methods=["GET"], request=None, responses={200: ReconciliationSerializer, **error_responses(400, 401, 403, 404, 409)},
+                   parameters=[ReconciliationRowsQuerySerializer],
                    description="The manifest and the four numbers per interval (computed on first read; 409 "
-                               "while nothing has run yet). "
-                               "`?format=csv` or `reconciliation.csv` exports the table and the manifest.")
+                               "while nothing has run yet): every row, or one verdict's (`verdict`), a page at "
+                               "a time (`limit`, `offset`; `next` names the following page). "
+                               "`?format=csv` or `reconciliation.csv` exports the table (the same rows) and the "
+                               "manifest.")
     @extend_schema(methods=["POST"], request=None, responses=ReconciliationSerializer,
+                   parameters=[ReconciliationRowsQuerySerializer],
                    description="Recompute the reconciliation now (explanations are kept).")
     @action(detail=True, methods=["get", "post"],
             renderer_classes=[renderers.JSONRenderer, renderers.BrowsableAPIRenderer, ReconciliationCSVRenderer])
     def reconciliation(self, request, pk=None, format=None):
-        if request.method == "POST":
+        # Before anything is computed: a refused query leaves nothing done (and someone who
+        # may not recompute hears that first, audited, as with a valid query).
+        recompute = request.method == "POST"
+        query = validated_or_refused(ReconciliationRowsQuerySerializer, request.query_params, permission=lambda: (
+            recompute and policy.require_review(request.user, request_get(pk), "reconciliation.compute")))
+        if recompute:
             obj = reconciliation_service.reconciliation_recompute(actor=request.user, request_id=pk)
         else:
             obj = reconciliation_service.reconciliation_get(request_id=pk)
-        return self._reconciliation(obj, fmt=format)
+        return self._reconciliation(obj, fmt=format, rows_query=query)
 
     @extend_schema(request=ExplainSerializer, responses=ReconciliationRowSerializer)
     @action(detail=True, methods=["post"], url_path=r"intervals/(?P<key>[^/]+)/explain")

@@ -145,9 +145,7 @@ def reconciliation(request, pk: int, *, status: int = 200, bound: dict | None = 
     rows, counts, after, next_after, verdict = [], {v: 0 for v in VERDICT_FILTERS}, None, None, ""
     if recon is not None:
         verdict = request.GET.get("verdict", "")
-        qs = reconciliation_rows(recon)
-        if verdict in VERDICT_FILTERS:
-            qs = qs.filter(verdict=verdict)
+        qs = reconciliation_rows(recon, verdict=verdict if verdict in VERDICT_FILTERS else "")
         after = parse_int(request.GET.get("after"))
         if after is not None:
             qs = qs.filter(pk__gt=after)
