@@ -452,6 +452,23 @@ def test_mine_is_documented_and_reads_true_or_false(openapi, catalog, path):
     assert response.status_code == 400 and "mine" in response.json()["errors"]
 
 
+LIST_PATHS = ["/api/requests/", "/api/runs/", "/api/audit/", "/api/approvals/", "/api/handoffs/", "/api/datasets/",
+              "/api/jobs/"]
+
+
+@pytest.mark.parametrize("path", LIST_PATHS)
+def test_a_list_refuses_a_query_parameter_it_does_not_take_naming_the_ones_it_does(openapi, catalog, path):
+    """The scale QA: `?stauts=failed` answered every run, and an auditor's `?actr=bob`
+    the whole log, as if filtered. What a list takes is what its schema documents."""
+    documented = {p["name"] for p in openapi.schema.raw_schema["paths"][path]["get"]["parameters"]}
+    response = openapi("GET", path, query={"stauts": "failed", "format": "json"}, as_="audrey", validate=False)
+    assert response.status_code == 400, response.text[:300]
+    message = response.json()["errors"]["stauts"][0]
+    assert message.startswith("is not a query parameter of this list; it takes ")
+    assert set(message.rsplit("it takes ", 1)[1].split(", ")) - {"format"} == documented
+    assert openapi("GET", path, query={"format": "json"}, as_="audrey").status_code == 200
+
+
 def test_a_multipart_body_that_cannot_be_parsed_is_a_400(personas, catalog):
     client = Client()
     client.force_login(personas["alice"])

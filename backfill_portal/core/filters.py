@@ -48,6 +48,27 @@ class PortalFilterSet(FilterSet):
 
 
 class PortalFilterBackend(DjangoFilterBackend):
-    """DjangoFilterBackend with the strict filters for `filterset_fields`."""
+    """DjangoFilterBackend with the strict filters for `filterset_fields`; a list refuses
+    a query parameter it does not take (`?stauts=failed` answered every run, and an
+    auditor's `?actr=` the whole log), naming what it takes: its filters, its pager's,
+    `format`, and the view's own (`extra_query_parameters`, e.g. `mine`)."""
 
     filterset_base = PortalFilterSet
+
+    def filter_queryset(self, request, queryset, view):
+        if getattr(view, "action", None) == "list":
+            self._refuse_unknown_parameters(request, queryset, view)
+        return super().filter_queryset(request, queryset, view)
+
+    def _refuse_unknown_parameters(self, request, queryset, view) -> None:
+        known = {"format", *getattr(view, "extra_query_parameters", ())}
+        filterset_class = self.get_filterset_class(view, queryset)
+        if filterset_class is not None:
+            known |= set(filterset_class.base_filters)
+        if getattr(view, "paginator", None) is not None:
+            known |= {parameter["name"] for parameter in view.paginator.get_schema_operation_parameters(view)}
+        unknown = sorted(set(request.query_params) - known)
+        if unknown:
+            takes = ", ".join(sorted(known))
+            raise ValidationError({name[:40]: [f"is not a query parameter of this list; it takes {takes}"]
+                                   for name in unknown[:10]})

@@ -22,6 +22,7 @@ class ApprovalStepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     lookup_value_regex = ID_LOOKUP
     serializer_class = ApprovalStepSerializer
     filterset_fields = ["status", "kind", "request"]
+    extra_query_parameters = ("mine",)
 
     def get_queryset(self):
         if query_flag(self.request, "mine"):
@@ -71,6 +72,7 @@ class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     lookup_value_regex = ID_LOOKUP
     serializer_class = HandoffSerializer
     filterset_fields = ["status", "request"]
+    extra_query_parameters = ("mine",)
 
     def get_queryset(self):
         qs = HandoffItem.objects.select_related("job", "owner")

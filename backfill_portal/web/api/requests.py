@@ -53,6 +53,7 @@ from rest_framework.reverse import reverse
 class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     lookup_value_regex = ID_LOOKUP
     filterset_fields = ["status", "job__name", "requested_by__username", "cascade"]
+    extra_query_parameters = ("mine",)
     ordering = "-id"
 
     def get_queryset(self):
