@@ -69,20 +69,26 @@ def request_transition(request: BackfillRequest, *, to: str, actor, reason: str 
     )
 
 
-def interval_transition(interval: Interval, *, to: str, actor=None, reason: str = "", data: dict | None = None) -> Interval:
+def interval_transition(interval: Interval, *, to: str, actor=None, reason: str = "", data: dict | None = None,
+                        dataset: str | None = None) -> Interval:
+    """`dataset`: the name of the interval's dataset where the caller has it at hand (its
+    run's, on the worker's path); otherwise it is read through the interval's job."""
     return apply_transition(
         instance=interval, to=to, edges=INTERVAL_EDGES, actor=actor, object_type="interval",
-        request_id=interval.request_id, reason=reason, data={"partition": interval.partition_key, **(data or {})},
+        request_id=interval.request_id, dataset=interval.job.dataset.name if dataset is None else dataset,
+        reason=reason, data={"partition": interval.partition_key, **(data or {})},
     )
 
 
-def intervals_transition(intervals: Sequence[Interval], *, to: str, data: Callable[[Interval], dict]) -> None:
+def intervals_transition(intervals: Sequence[Interval], *, to: str, data: Callable[[Interval], dict],
+                         dataset: Callable[[Interval], str]) -> None:
     """`interval_transition` (by the system) of several intervals in one state, as one
     conditional UPDATE, each with its own audit row. All or nothing: ConflictError if
-    any moved on, and the caller's savepoint rolls the set back."""
+    any moved on, and the caller's savepoint rolls the set back. `dataset(interval)`:
+    its dataset's name, from what the caller has loaded."""
     apply_transitions(
         instances=intervals, to=to, edges=INTERVAL_EDGES, actor=None, object_type="interval",
-        audit=lambda interval: {"request_id": interval.request_id,
+        audit=lambda interval: {"request_id": interval.request_id, "dataset": dataset(interval),
                                 "data": {"partition": interval.partition_key, **data(interval)}},
     )
 

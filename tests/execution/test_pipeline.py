@@ -571,3 +571,25 @@ def test_scheduler_creates_one_production_run_per_scheduled_job_and_closed_inter
     run.refresh_from_db()
     assert run.status == RunStatus.PUBLISHED
     assert warehouse.current("dwd_order_items", "2022-10-02") == run.run_id
+
+
+def test_every_audit_row_of_a_cascades_intervals_attempts_and_runs_names_its_own_dataset(personas, ready, warehouse):
+    """The auditor QA: the audit log's dataset filter missed an interval's own rows
+    (queued, running, published, failed, skipped): they named no dataset."""
+    request = approved_request(personas, start="2022-10-01", end="2022-10-02", cascade="cascade",
+                               node_actions={"monthly_summary": "skip"})
+    ready.drain()
+    request.refresh_from_db()
+    assert request.status == RequestStatus.RECONCILING, request.status
+    dataset_of = {str(i.pk): i.job.dataset.name for i in Interval.objects.filter(request=request).select_related(
+        "job__dataset")}
+    assert len(set(dataset_of.values())) > 1  # a cascade: intervals of several datasets
+    rows = AuditEvent.objects.filter(request_id=request.pk, object_type="interval")
+    assert {row.to_state for row in rows} >= {IntervalStatus.QUEUED, IntervalStatus.RUNNING, IntervalStatus.PUBLISHED,
+                                               IntervalStatus.SKIPPED}
+    assert [(row.object_id, row.to_state) for row in rows if row.dataset != dataset_of[row.object_id]] == []
+    runs = {str(run.pk): run.job.dataset.name for run in Run.objects.filter(request=request).select_related(
+        "job__dataset")}
+    run_rows = AuditEvent.objects.filter(request_id=request.pk, object_type="run")
+    assert run_rows and [row.action for row in run_rows if row.dataset != runs[row.object_id]] == []
+    assert not AuditEvent.objects.filter(request_id=request.pk, object_type="attempt", dataset="").exists()

@@ -231,7 +231,7 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
             if reason:
                 for interval in Interval.objects.filter(request=request, job=job, status=I.PLANNED):
                     interval.request = request
-                    interval_transition(interval, to=I.SKIPPED, reason=reason)
+                    interval_transition(interval, to=I.SKIPPED, reason=reason, dataset=job.dataset.name)
         in_flight = Interval.objects.filter(request=request, status__in=[I.QUEUED, I.RUNNING]).count()
         budget = request.max_active_intervals - in_flight
         sizes: dict[int, int] = {}  # a job's bundle size, where this dispatch knows it
@@ -254,7 +254,8 @@ def dispatch_request(*, request_id: int, in_publication: bool = False) -> int:
             for interval in candidates:
                 interval.request = request
             # One UPDATE queues them all and one INSERT creates their runs.
-            intervals_transition(candidates, to=I.QUEUED, data=lambda interval: {})
+            intervals_transition(candidates, to=I.QUEUED, data=lambda interval: {},
+                                 dataset=lambda interval: jobs[interval.job_id].dataset.name)
             now = timezone.now()
             runs = Run.objects.bulk_create([Run(
                 job=jobs[interval.job_id], run_type=RunType.BACKFILL, request=request, interval=interval,

@@ -17,5 +17,6 @@ def interval_fail_with_run(run: Run) -> None:
         interval = run.interval
         interval.refresh_from_db(fields=["status"])
         if interval.status in (I.QUEUED, I.RUNNING):
-            interval_transition(interval, to=I.FAILED, reason=run.error[:500], data={"run_id": run.run_id})
+            interval_transition(interval, to=I.FAILED, reason=run.error[:500], data={"run_id": run.run_id},
+                                dataset=run.job.dataset.name)
         enqueue("execution.dispatch_request", run.request_id, headers={"request_id": run.request_id})

@@ -99,7 +99,7 @@ def attempt_start(run: Run, worker: str) -> Attempt | None:
                      request_id=run.request_id, dataset=run.job.dataset.name, to_state=A.RUNNING,
                      data={"run_id": run.run_id, "attempt_no": attempt.attempt_no, "worker": worker})
         if run.interval_id and run.interval.status == I.QUEUED:
-            interval_transition(run.interval, to=I.RUNNING, data={"run_id": run.run_id})
+            interval_transition(run.interval, to=I.RUNNING, data={"run_id": run.run_id}, dataset=run.job.dataset.name)
     return attempt
 
 
@@ -122,7 +122,8 @@ def attempts_start(runs: list[Run], worker: str) -> list[Attempt]:
                      data={"run_id": run.run_id, "attempt_no": attempt.attempt_no, "worker": worker})
     run_of = {run.interval_id: run for run in runs if run.interval_id and run.interval.status == I.QUEUED}
     intervals_transition([run.interval for run in run_of.values()], to=I.RUNNING,
-                         data=lambda interval: {"run_id": run_of[interval.pk].run_id})
+                         data=lambda interval: {"run_id": run_of[interval.pk].run_id},
+                         dataset=lambda interval: run_of[interval.pk].job.dataset.name)
     return attempts
 
 

@@ -318,7 +318,7 @@ def publish_record(run: Run, *, actor, dispatch: bool = True) -> str:
                                actor=actor, request=run.request, published_at=timezone.now()))
         if run.interval_id:
             run.interval.request = run.request
-            interval_transition(run.interval, to=I.PUBLISHED, data={"run_id": run.run_id})
+            interval_transition(run.interval, to=I.PUBLISHED, data={"run_id": run.run_id}, dataset=dataset.name)
             if dispatch:
                 dispatch_after_publication(run.request_id)
     logger.info("published %s/%s (previous %s)", dataset.name, run.partition_key, expected)
@@ -372,7 +372,8 @@ def publish_records(runs: list[Run]) -> None:
     for run in run_of.values():
         run.interval.request = run.request
     intervals_transition([run.interval for run in run_of.values()], to=I.PUBLISHED,
-                         data=lambda interval: {"run_id": run_of[interval.pk].run_id})
+                         data=lambda interval: {"run_id": run_of[interval.pk].run_id},
+                         dataset=lambda interval: run_of[interval.pk].job.dataset.name)
 
 
 def dispatch_after_publication(request_id: int) -> None:
