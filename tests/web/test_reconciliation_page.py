@@ -3,6 +3,9 @@ explanations (htmx returns the row and, out of band, the counts and the sign-off
 sign-off refused while anything is unexplained, CSV export, and the chart."""
 from __future__ import annotations
 
+import csv
+import io
+
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -131,6 +134,20 @@ def test_verdict_filter_and_recompute(web, doubled):
     assert response.status_code == 302
     assert AuditEvent.objects.filter(action="reconciliation.compute", actor_name="olivia").count() == 1
     assert web("audrey").post(url(doubled, "reconciliation-recompute")).status_code == 403
+
+
+def test_a_verdict_shown_can_be_exported_alone_and_an_unknown_one_shows_every_row(web, doubled):
+    client = web("olivia")
+    html = client.get(url(doubled), {"verdict": "unexplained"}).content.decode()
+    link = f"/api/requests/{doubled.pk}/reconciliation/?format=csv&amp;verdict=unexplained"
+    assert f'href="{link}"' in html and "Export CSV: unexplained only" in html
+    lines = list(csv.reader(io.StringIO(client.get(link.replace("&amp;", "&")).content.decode())))
+    table = lines[1:lines.index([])]
+    assert sorted(line[2] for line in table) == ["2022-10-01", "2022-10-02"]  # the two doubled days
+    assert {line[lines[0].index("status")] for line in table} == {"unexplained"}
+    html = client.get(url(doubled), {"verdict": "<b>bogus"}).content.decode()
+    assert "only</a>" not in html and "bogus" not in html  # every row, and no filter said to be on
+    assert "2022-10-01" in html and "2022-10-02" in html
 
 
 def test_one_explanation_for_several_intervals_from_the_page(web, doubled):

@@ -145,7 +145,8 @@ def reconciliation(request, pk: int, *, status: int = 200, bound: dict | None = 
     rows, counts, after, next_after, verdict = [], {v: 0 for v in VERDICT_FILTERS}, None, None, ""
     if recon is not None:
         verdict = request.GET.get("verdict", "")
-        qs = reconciliation_rows(recon, verdict=verdict if verdict in VERDICT_FILTERS else "")
+        verdict = verdict if verdict in VERDICT_FILTERS else ""  # anything else: every row, said so
+        qs = reconciliation_rows(recon, verdict=verdict)
         after = parse_int(request.GET.get("after"))
         if after is not None:
             qs = qs.filter(pk__gt=after)
