@@ -431,7 +431,7 @@ def test_the_rows_come_by_verdict_and_a_page_at_a_time_and_a_bad_query_is_refuse
     computed = Reconciliation.objects.get(request=doubled).computed_at
     computes = AuditEvent.objects.filter(request_id=doubled.pk, action="reconciliation.compute").count()
     for query, field in (("verdict=doubled", "verdict"), ("limit=0", "limit"), ("limit=5001", "limit"),
-                         ("limit=ten", "limit"), ("offset=-1", "offset")):
+                         ("limit=ten", "limit"), ("offset=-1", "offset"), ("verdct=unexplained", "verdct")):
         for method in (client.get, api("olivia").post):
             refused = method(f"{url}?{query}")
             assert refused.status_code == 400, (query, method)

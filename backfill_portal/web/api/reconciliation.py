@@ -41,6 +41,15 @@ class ReconciliationRowsQuerySerializer(serializers.Serializer):
     offset = serializers.IntegerField(min_value=0, max_value=10**9, default=0,
                                       help_text="rows to skip, in (job, position) order")
 
+    def validate(self, attrs):
+        """As a list does (core/filters.py): `?verdct=unexplained` must not answer every row."""
+        known = {*self.fields, "format"}
+        unknown = sorted(set(self.initial_data) - known)
+        if unknown:
+            raise serializers.ValidationError({name[:40]: [f"is not a query parameter of this call; it takes "
+                                                           f"{', '.join(sorted(known))}"] for name in unknown[:10]})
+        return attrs
+
 
 def rows_page(reconciliation: Reconciliation, *, request, verdict: str = "", limit: int | None = None,
               offset: int = 0) -> dict:
