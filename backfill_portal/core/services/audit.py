@@ -305,7 +305,14 @@ def _chain_head() -> tuple[int, str]:
         return remembered[1]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_AUDIT_LOCK_KEY])
+            if settings.AUDIT_CHAIN_IDLE_SECONDS:
+                # In the same round trip: from here to the transaction's end, silence
+                # longer than this ends it (settings.AUDIT_CHAIN_IDLE_SECONDS).
+                cursor.execute("SELECT pg_advisory_xact_lock(%s), "
+                               "set_config('idle_in_transaction_session_timeout', %s, true)",
+                               [_AUDIT_LOCK_KEY, f"{settings.AUDIT_CHAIN_IDLE_SECONDS}s"])
+            else:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_AUDIT_LOCK_KEY])
     with connection.cursor() as cursor:
         cursor.execute(_head_statement(connection.vendor))
         row = cursor.fetchone()
