@@ -141,13 +141,13 @@ del _audit_raw, _audit_secret
 # `manage.py anchor_audit` (and the scheduler, every AUDIT_ANCHOR_SECONDS) appends the
 # chain head here: outside the metadata database, so an emptied or shortened log shows.
 AUDIT_ANCHOR_PATH = Path(env_str("AUDIT_ANCHOR_PATH", str(VAR_DIR / "audit-anchors.jsonl")))
-# PostgreSQL: a transaction holding the audit chain (every audited write in the portal
-# waits for it) that then says nothing for this many seconds, its process frozen, is
-# ended by the server, which rolls it back and frees the chain. Only while it holds the
-# chain (SET LOCAL): a rollback waiting for readers holds a transaction open for
-# minutes, but not the chain. 0: no bound (a frozen holder stops the portal's writes
-# until it is killed or resumes).
-AUDIT_CHAIN_IDLE_SECONDS = env_int("AUDIT_CHAIN_IDLE_SECONDS", 120, minimum=0)
+# PostgreSQL: a transaction holding one of the portal's shared locks (the audit chain,
+# which every audited write waits for, and the dispatch's) that then says nothing for
+# this many seconds, its process frozen, is ended by the server, which rolls it back and
+# frees the lock (core/locks.py). Only while it holds one: a rollback waiting for readers
+# keeps a transaction open for minutes, but no such lock. 0: no bound (a frozen holder
+# stops the portal's writes until it is killed or resumes).
+SHARED_LOCK_IDLE_SECONDS = env_int("SHARED_LOCK_IDLE_SECONDS", 120, minimum=0)
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])

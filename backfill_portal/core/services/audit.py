@@ -29,6 +29,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from backfill_portal.core.locks import shared_lock
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.rows import insert_row, insert_rows
 from backfill_portal.core.services.audit_anchors import Anchor, AnchorFileError, anchor_append, anchors_read, signing_key
@@ -303,16 +304,7 @@ def _chain_head() -> tuple[int, str]:
     remembered = _remembered()
     if remembered is not None:
         return remembered[1]
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            if settings.AUDIT_CHAIN_IDLE_SECONDS:
-                # In the same round trip: from here to the transaction's end, silence
-                # longer than this ends it (settings.AUDIT_CHAIN_IDLE_SECONDS).
-                cursor.execute("SELECT pg_advisory_xact_lock(%s), "
-                               "set_config('idle_in_transaction_session_timeout', %s, true)",
-                               [_AUDIT_LOCK_KEY, f"{settings.AUDIT_CHAIN_IDLE_SECONDS}s"])
-            else:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_AUDIT_LOCK_KEY])
+    shared_lock(_AUDIT_LOCK_KEY)
     with connection.cursor() as cursor:
         cursor.execute(_head_statement(connection.vendor))
         row = cursor.fetchone()

@@ -8,7 +8,7 @@ import statistics
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -23,6 +23,7 @@ from backfill_portal.backfills.services.requests import request_lock
 from backfill_portal.backfills.transitions import interval_transition, intervals_bulk_transition, intervals_transition
 from backfill_portal.catalog.models import CodeVersion, Job
 from backfill_portal.core.errors import ConflictError, NotFound
+from backfill_portal.core.locks import shared_lock
 from backfill_portal.core.retry import run_again_if_deadlocked
 from backfill_portal.core.services.audit import audit_batch, audit_record, audit_serialise
 from backfill_portal.execution.choices import AttemptStatus, RunStatus, RunType
@@ -101,11 +102,9 @@ def runs_resend_stale(*, older_than_seconds: int = 600, now=None) -> int:
 
 
 def dispatch_serialise() -> None:
-    # SQLite's IMMEDIATE transactions already serialise writers; PostgreSQL needs a lock
-    # so two dispatchers cannot both count free slots and both take the last one.
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_DISPATCH_LOCK_KEY])
+    # PostgreSQL needs a lock so two dispatchers cannot both count free slots and both
+    # take the last one (SQLite's IMMEDIATE transactions already serialise writers).
+    shared_lock(_DISPATCH_LOCK_KEY)
 
 
 def free_slots(job: Job, *, production: bool) -> int:
