@@ -67,8 +67,14 @@ class PortalFilterBackend(DjangoFilterBackend):
             known |= set(filterset_class.base_filters)
         if getattr(view, "paginator", None) is not None:
             known |= {parameter["name"] for parameter in view.paginator.get_schema_operation_parameters(view)}
-        unknown = sorted(set(request.query_params) - known)
-        if unknown:
-            takes = ", ".join(sorted(known))
-            raise ValidationError({name[:40]: [f"is not a query parameter of this list; it takes {takes}"]
-                                   for name in unknown[:10]})
+        refuse_unknown_parameters(request.query_params, known, what="this list")
+
+
+def refuse_unknown_parameters(given, known: set[str], *, what: str) -> None:
+    """A 400 naming each query parameter in `given` that is not `known` (`what` takes
+    only those), and what it takes: a typo must not answer as if it filtered nothing."""
+    unknown = sorted(set(given) - known)
+    if unknown:
+        takes = ", ".join(sorted(known))
+        raise ValidationError({name[:40]: [f"is not a query parameter of {what}; it takes {takes}"]
+                               for name in unknown[:10]})

@@ -7,6 +7,7 @@ from rest_framework import renderers, serializers
 
 from backfill_portal.backfills.models import Reconciliation, ReconciliationRow, Verdict
 from backfill_portal.core.csv_export import csv_writer
+from backfill_portal.core.filters import refuse_unknown_parameters
 from backfill_portal.core.text import no_control_characters
 
 
@@ -42,12 +43,8 @@ class ReconciliationRowsQuerySerializer(serializers.Serializer):
                                       help_text="rows to skip, in (job, position) order")
 
     def validate(self, attrs):
-        """As a list does (core/filters.py): `?verdct=unexplained` must not answer every row."""
-        known = {*self.fields, "format"}
-        unknown = sorted(set(self.initial_data) - known)
-        if unknown:
-            raise serializers.ValidationError({name[:40]: [f"is not a query parameter of this call; it takes "
-                                                           f"{', '.join(sorted(known))}"] for name in unknown[:10]})
+        """As a list does: `?verdct=unexplained` must not answer every row."""
+        refuse_unknown_parameters(self.initial_data, {*self.fields, "format"}, what="this call")
         return attrs
 
 
