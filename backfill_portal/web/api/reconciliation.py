@@ -69,8 +69,7 @@ def rows_page(reconciliation: Reconciliation, *, request, verdict: str = "", lim
 
 
 class ReconciliationSerializer(serializers.ModelSerializer):
-    """A request's reconciliation. Its rows are the context's `rows_page` when given
-    (rows_page above), else all of them."""
+    """A request's reconciliation, with the rows of the context's `rows_page` (above)."""
 
     request = serializers.IntegerField(source="request_id")
     request_status = serializers.CharField(source="request.status")
@@ -85,16 +84,11 @@ class ReconciliationSerializer(serializers.ModelSerializer):
         fields = ["request", "request_status", "computed_at", "signed_off_by", "signed_off_at", "signoff_comment",
                   "manifest", "rows_total", "next", "rows"]
 
-    def _page(self, obj) -> dict:
-        if "rows_page" not in self.context:
-            self.context["rows_page"] = rows_page(obj, request=self.context["request"])
-        return self.context["rows_page"]
-
     def get_rows_total(self, obj) -> int:
-        return self._page(obj)["total"]
+        return self.context["rows_page"]["total"]
 
     def get_next(self, obj) -> str | None:
-        return self._page(obj)["next"]
+        return self.context["rows_page"]["next"]
 
     def get_manifest(self, obj) -> dict:
         """The stored manifest; what a rollback changed read now, so a rollback after the
@@ -104,7 +98,7 @@ class ReconciliationSerializer(serializers.ModelSerializer):
         return manifest_now(obj.request, obj.manifest)
 
     def get_rows(self, obj) -> list[dict]:
-        return ReconciliationRowSerializer(self._page(obj)["rows"], many=True).data
+        return ReconciliationRowSerializer(self.context["rows_page"]["rows"], many=True).data
 
 
 class ExplainSerializer(serializers.Serializer):

@@ -158,12 +158,10 @@ class RequestViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     # -- reconciliation, sign-off and rollback ------------------------------------------
 
-    def _reconciliation(self, obj, code=status.HTTP_200_OK, fmt=None, rows_query=None):
-        context = {"request": self.request}
-        if rows_query:
-            context["rows_page"] = rows_page(obj, request=self.request, **rows_query)
-        data = ReconciliationSerializer(obj, context=context).data
-        response = Response(data, status=code)
+    def _reconciliation(self, obj, *, fmt, rows_query: dict):
+        page = rows_page(obj, request=self.request, **rows_query)
+        data = ReconciliationSerializer(obj, context={"request": self.request, "rows_page": page}).data
+        response = Response(data)
         if fmt == "csv" or self.request.query_params.get("format") == "csv":
             response["Content-Disposition"] = f'attachment; filename="request-{obj.request_id}-reconciliation.csv"'
         return response
