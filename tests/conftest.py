@@ -1,6 +1,7 @@
 """Shared fixtures: named personas (as Healthchecks' alice/bob/charlie) and a small catalog."""
 from __future__ import annotations
 
+import contextlib
 import os
 import textwrap
 
@@ -366,6 +367,29 @@ def started_until_waiting(call, *, what: str) -> tuple:
         time.sleep(0.05)
     assert waiting_backends() >= 1, f"{what} should be waiting for a lock this test holds"
     return thread, outcome
+
+
+@contextlib.contextmanager
+def frozen_once_holding(argv: list[str], *, env: dict, cwd):
+    """A Python process (`argv` after the interpreter) started and stopped (SIGSTOP) as
+    soon as it prints "holding" (it took what it holds), yielded; killed at the end.
+    stdin is a pipe, for a test that lets it go on (SIGCONT) and talks to it."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "holding", f"it did not start: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}"
+        os.kill(proc.pid, signal.SIGSTOP)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait(timeout=30)
 
 
 def make_user(username: str, roles) -> User:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -26,6 +24,7 @@ from tests.backends.test_contract import (
     publish,
     stage,
 )
+from tests.conftest import frozen_once_holding
 
 # -- a frozen writer holds nothing for ever (PostgreSQL) ----------------------------------
 
@@ -65,17 +64,9 @@ def pg_wh_url(pg_url):
 @pytest.fixture
 def frozen_stager(pg_wh_url):
     """A writer stopped (SIGSTOP) in the middle of staging run-frozen, holding its lock."""
-    proc = subprocess.Popen([sys.executable, "-c", FROZEN_STAGER, pg_wh_url], cwd=PROJECT_ROOT,
-                            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    assert line.strip() == "holding", f"the writer did not start: {line!r} {proc.stderr.read()}"
-    os.kill(proc.pid, signal.SIGSTOP)
-    yield proc
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGCONT)
-        proc.kill()
-    proc.wait(timeout=30)
+    with frozen_once_holding(["-c", FROZEN_STAGER, pg_wh_url], cwd=PROJECT_ROOT,
+                             env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}) as proc:
+        yield proc
 
 
 @pytest.mark.postgres

@@ -6,10 +6,6 @@ PostgreSQL only: SQLite's writers queue on the database file instead."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -21,6 +17,7 @@ from django.db import connection, transaction
 from backfill_portal.core.models import AuditEvent
 from backfill_portal.core.services.audit import audit_record, audit_verify
 from backfill_portal.execution.services.dispatch import dispatch_serialise
+from tests.conftest import frozen_once_holding
 from tests.workers import worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,16 +58,8 @@ def frozen(what: str):
     env = worker_env(settings.WAREHOUSE_URL, SHARED_LOCK_IDLE_SECONDS=2, DJANGO_SETTINGS_MODULE="backfill_portal.settings")
     if not env["CELERY_BROKER_URL"]:
         del env["CELERY_BROKER_URL"]  # it sends no task: the default broker will do
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, what], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.strip() == "holding", proc.stderr.read() if proc.poll() is not None else line
-        os.kill(proc.pid, signal.SIGSTOP)
+    with frozen_once_holding(["-c", HOLDER, what], cwd=ROOT, env=env) as proc:
         yield proc
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def bounded(write) -> float:
